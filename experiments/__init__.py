@@ -1,0 +1,1 @@
+"""Thin runnable experiments over jax_dp: `python -m experiments.<name> --help`."""

@@ -1,0 +1,99 @@
+"""Fashion-MNIST through TFDS into host arrays; shuffled, padded global batches."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import jax
+import numpy as np
+
+from jax_dp import fashion_mnist
+
+NUM_CLASSES = 10
+
+
+class Split(NamedTuple):
+    """One split in host memory: images float32 [N, 28, 28, 1] in [0, 1], labels int32 [N]."""
+    images: np.ndarray
+    labels: np.ndarray
+
+
+def default_data_dir() -> Path:
+    """Where prepared TFDS data lives: $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    return Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
+
+
+def _prepared_builder(data_dir, source_dir):
+    import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to load.
+
+    builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
+    if not builder.is_prepared():
+        fashion_mnist.check_source(source_dir)
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
+    return builder
+
+
+def _tfds_builder(data_dir):
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("fashion_mnist", data_dir=str(data_dir), file_format="array_record")
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # TFDS raises many kinds; the user needs one line.
+        raise ValueError(f"TFDS could not download fashion_mnist ({type(e).__name__}); "
+                         "use --data debian offline") from None
+    return builder
+
+
+def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
+                       source_dir=fashion_mnist.DEBIAN_DIR, limit: int | None = None) -> Split:
+    """Load a whole split ('train' or 'test'), preparing the TFDS data on first use."""
+    if split not in fashion_mnist.SPLITS:
+        raise ValueError(f"unknown split {split!r}: use 'train' or 'test'")
+    data_dir = data_dir or default_data_dir()
+    if source == "debian":
+        builder = _prepared_builder(data_dir, source_dir)
+    elif source == "tfds":
+        builder = _tfds_builder(data_dir)
+    else:
+        raise ValueError(f"unknown data source {source!r}: use 'debian' or 'tfds'")
+    records = builder.as_data_source(split=split)
+    n = len(records) if limit is None else min(limit, len(records))
+    if n < 1:
+        raise ValueError(f"--{split}-examples must be at least 1, got {limit}")
+    examples = records.__getitems__(range(n))
+    images = np.stack([e["image"] for e in examples]).astype(np.float32) / 255.0
+    labels = np.array([e["label"] for e in examples], np.int32)
+    return Split(images, labels)
+
+
+def padded_size(batch_size: int, num_devices: int) -> int:
+    """The smallest multiple of num_devices that holds batch_size examples."""
+    return -(-batch_size // num_devices) * num_devices
+
+
+def batches(data: Split, batch_size: int, *, num_devices: int = 1, key: jax.Array | None = None,
+            drop_remainder: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """Global batches {image, label, mask}, shuffled by key, every one of the same shape.
+
+    Each batch is padded with masked rows (mask 0) to a multiple of num_devices, and the
+    last, partial batch is padded the same way, so every example counts exactly once.
+    """
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    n = len(data.labels)
+    order = np.arange(n) if key is None else np.asarray(jax.random.permutation(key, n))
+    stop = n - n % batch_size if drop_remainder else n
+    size = padded_size(batch_size, num_devices)
+    for start in range(0, stop, batch_size):
+        idx = order[start:start + batch_size]
+        pad = size - len(idx)
+        yield {
+            "image": np.concatenate([data.images[idx],
+                                     np.zeros((pad,) + data.images.shape[1:], np.float32)]),
+            "label": np.concatenate([data.labels[idx], np.zeros(pad, np.int32)]),
+            "mask": np.concatenate([np.ones(len(idx), np.float32), np.zeros(pad, np.float32)]),
+        }

@@ -1,0 +1,44 @@
+"""The book's LeNet as a pure function over a params pytree."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+Params = dict[str, dict[str, jax.Array]]
+
+# (name, weight shape): convolutions HWIO over NHWC images, dense layers [in, out].
+SHAPES = (
+    ("conv1", (3, 3, 1, 20)),
+    ("conv2", (5, 5, 20, 50)),
+    ("fc1", (800, 128)),
+    ("fc2", (128, 10)),
+)
+
+
+def init_lenet(key: jax.Array, scale: float = 0.01) -> Params:
+    """Weights ~ Normal(0, scale), biases zero, as in the book."""
+    keys = jax.random.split(key, len(SHAPES))
+    return {name: {"w": scale * jax.random.normal(k, shape, jnp.float32),
+                   "b": jnp.zeros(shape[-1], jnp.float32)}
+            for k, (name, shape) in zip(keys, SHAPES)}
+
+
+def _conv(x, layer):
+    y = lax.conv_general_dilated(x, layer["w"], (1, 1), "VALID",
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y + layer["b"]
+
+
+def _avg_pool(x):
+    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+
+
+def lenet(params: Params, X: jax.Array) -> jax.Array:
+    """Logits [B, 10] for images X [B, 28, 28, 1]."""
+    h = _avg_pool(jax.nn.relu(_conv(X, params["conv1"])))     # [B, 13, 13, 20]
+    h = _avg_pool(jax.nn.relu(_conv(h, params["conv2"])))     # [B, 4, 4, 50]
+    h = h.reshape(h.shape[0], -1)                             # [B, 800]
+    h = jax.nn.relu(h @ params["fc1"]["w"] + params["fc1"]["b"])
+    return h @ params["fc2"]["w"] + params["fc2"]["b"]

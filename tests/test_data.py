@@ -1,0 +1,96 @@
+"""Fashion-MNIST as loaded, verified and batched."""
+
+import gzip
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from jax_dp import data, fashion_mnist
+
+
+def test_splits_have_the_published_sizes_and_class_counts(fashion_train, fashion_test):
+    for split, n in ((fashion_train, 60_000), (fashion_test, 10_000)):
+        assert split.images.shape == (n, 28, 28, 1) and split.images.dtype == np.float32
+        assert split.labels.shape == (n,) and split.labels.dtype == np.int32
+        np.testing.assert_array_equal(np.bincount(split.labels, minlength=10), [n // 10] * 10)
+        assert split.images.min() == 0.0 and split.images.max() == 1.0
+
+
+def test_pixels_are_the_idx_files_bytes_over_255(fashion_test):
+    raw = np.frombuffer(fashion_mnist.read_idx(fashion_mnist.DEBIAN_DIR, "t10k-images-idx3-ubyte"),
+                        np.uint8, offset=16).reshape(-1, 28 * 28)
+    loaded = np.round(fashion_test.images.reshape(-1, 28 * 28) * 255).astype(np.uint8)
+    # TFDS stores examples in its own order; the multisets of images must agree.
+    assert sorted(map(bytes, raw)) == sorted(map(bytes, loaded))
+
+
+def test_limit_takes_the_first_examples(fashion_test):
+    head = data.load_fashion_mnist("test", limit=100)
+    np.testing.assert_array_equal(head.labels, fashion_test.labels[:100])
+
+
+@pytest.fixture
+def source_copy(tmp_path):
+    """A writable copy of the four IDX files and an empty TFDS data dir."""
+    src = tmp_path / "src"
+    shutil.copytree(fashion_mnist.DEBIAN_DIR, src)
+    return src, tmp_path / "tfds"
+
+
+def test_a_flipped_byte_is_refused(source_copy):
+    src, tfds_dir = source_copy
+    path = src / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(path.read_bytes()))
+    raw[100] ^= 1
+    path.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz is corrupted .*apt-get install"):
+        data.load_fashion_mnist("test", data_dir=tfds_dir, source_dir=src)
+    assert not (tfds_dir / "fashion_mnist_idx" / "1.0.0").exists()  # Nothing half-prepared.
+
+
+def test_a_truncated_file_is_refused(source_copy):
+    src, tfds_dir = source_copy
+    path = src / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz is truncated or corrupted"):
+        data.load_fashion_mnist("train", data_dir=tfds_dir, source_dir=src)
+
+
+def test_a_missing_file_is_named(source_copy):
+    src, tfds_dir = source_copy
+    (src / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(ValueError, match="train-labels-idx1-ubyte\\(.gz\\) is missing from"):
+        data.load_fashion_mnist("train", data_dir=tfds_dir, source_dir=src)
+
+
+def test_unknown_split_and_source_are_refused():
+    with pytest.raises(ValueError, match="unknown split 'valid'"):
+        data.load_fashion_mnist("valid")
+    with pytest.raises(ValueError, match="unknown data source 'web'"):
+        data.load_fashion_mnist("test", source="web")
+
+
+def small_split(n):
+    return data.Split(np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1), np.arange(n, dtype=np.int32))
+
+
+@pytest.mark.parametrize("n,batch_size,k", [(10, 4, 1), (10, 4, 3), (7, 7, 2), (5, 8, 4)])
+def test_batches_cover_every_example_once_in_equal_padded_shapes(n, batch_size, k):
+    seen = []
+    for batch in data.batches(small_split(n), batch_size, num_devices=k, key=jax.random.key(0)):
+        assert batch["image"].shape[0] == batch["label"].shape[0] == data.padded_size(batch_size, k)
+        assert batch["image"].shape[0] % k == 0
+        real = batch["mask"] == 1
+        assert not batch["image"][~real].any()
+        seen.extend(batch["label"][real])
+    assert sorted(seen) == list(range(n))
+
+
+def test_batches_shuffle_by_key_and_drop_remainder_drops_the_tail():
+    split = small_split(10)
+    order = lambda key: np.concatenate([b["label"] for b in data.batches(split, 5, key=key)])
+    np.testing.assert_array_equal(order(jax.random.key(3)), order(jax.random.key(3)))
+    assert not np.array_equal(order(jax.random.key(3)), order(jax.random.key(4)))
+    assert [len(b["label"]) for b in data.batches(split, 4, drop_remainder=True)] == [4, 4]

@@ -1,0 +1,35 @@
+"""Choosing devices, and the errors for impossible choices."""
+
+import jax
+import pytest
+
+from jax_dp import devices
+
+
+def test_get_devices_takes_the_first_k():
+    assert devices.get_devices(3) == tuple(jax.local_devices()[:3])
+
+
+def test_asking_for_more_devices_than_exist_names_what_exists():
+    with pytest.raises(ValueError, match=r"asked for 9 devices but only 8 exist \(cpu:0, .*cpu:7\)"):
+        devices.get_devices(9)
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_non_positive_counts_are_refused(k):
+    with pytest.raises(ValueError, match="--devices must be at least 1"):
+        devices.get_devices(k)
+    with pytest.raises(ValueError, match="--devices must be at least 1"):
+        devices.simulate_cpu_devices(k)
+
+
+def test_simulating_more_devices_after_jax_started_is_refused():
+    jax.devices()
+    with pytest.raises(ValueError, match="JAX already started with 8 CPU devices, 16 needed"):
+        devices.simulate_cpu_devices(16)
+    devices.simulate_cpu_devices(4)  # Fewer than exist: nothing to do.
+
+
+def test_setup_devices_gives_one_set_per_count():
+    sets = devices.setup_devices([1, 2, 8])
+    assert [len(s) for s in sets] == [1, 2, 8]

@@ -1,0 +1,37 @@
+"""LeNet: exact size, shapes and initialisation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_dp.models.lenet import init_lenet, lenet
+
+
+def test_parameter_count_is_exact():
+    params = init_lenet(jax.random.key(0))
+    # conv 3x3x1x20 + 20, conv 5x5x20x50 + 50, dense 800x128 + 128, dense 128x10 + 10.
+    assert sum(p.size for p in jax.tree.leaves(params)) == 200 + 25_050 + 102_528 + 1_290
+
+
+def test_output_is_ten_logits_per_image():
+    params = init_lenet(jax.random.key(0))
+    assert lenet(params, jnp.zeros((7, 28, 28, 1))).shape == (7, 10)
+
+
+def test_init_is_the_books_normal_0_01_with_zero_biases():
+    params = init_lenet(jax.random.key(0))
+    w = np.asarray(params["fc1"]["w"])
+    assert abs(w.std() - 0.01) < 2e-4 and abs(w.mean()) < 1e-4
+    assert all(not np.asarray(layer["b"]).any() for layer in params.values())
+
+
+def test_same_key_same_params_other_key_other_params():
+    a, b, c = (init_lenet(jax.random.key(s)) for s in (0, 0, 1))
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    assert not np.array_equal(a["fc1"]["w"], c["fc1"]["w"])
+
+
+def test_layers_compute_what_the_book_says():
+    params = jax.tree.map(jnp.zeros_like, init_lenet(jax.random.key(0)))
+    params["fc2"]["b"] = jnp.arange(10.0)  # All weights zero: logits are the last bias.
+    np.testing.assert_array_equal(lenet(params, jnp.ones((2, 28, 28, 1))), np.tile(np.arange(10.0), (2, 1)))

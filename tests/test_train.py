@@ -1,0 +1,131 @@
+"""The train step: k devices equal one, replicas agree, evaluation counts everything."""
+
+import functools
+
+import chex
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jax_dp import data, models, parallel, train
+from jax_dp.backends import make_backend
+from jax_dp.devices import get_devices
+
+LENET = models.get_model("lenet")
+
+
+def random_batches(n_steps, batch_size, seed=0):
+    """Batches of random images with random labels, all real (mask 1)."""
+    rng = np.random.default_rng(seed)
+    return [{"image": rng.random((batch_size, 28, 28, 1), np.float32),
+             "label": rng.integers(0, 10, batch_size).astype(np.int32),
+             "mask": np.ones(batch_size, np.float32)} for _ in range(n_steps)]
+
+
+def run_steps(backend_name, k, batches, lr=0.5, seed=0, model=LENET):
+    """Train from seed's params on batches; returns the final state, host-side, and metrics."""
+    tx = optax.sgd(lr)
+    steps = train.make_steps(model, tx, make_backend(backend_name, get_devices(k)))
+    b = steps.backend
+    state = b.replicate(train.init_state(model, tx, jax.random.key(seed)))
+    metrics = b.replicate(train.zero_metrics())
+    for batch in batches:
+        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+    return state, b.unreplicate(state), b.unreplicate(metrics)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_pmap_on_k_devices_equals_one_device(k):
+    batches = random_batches(5, 32)
+    _, single, m1 = run_steps("single", 1, batches)
+    _, pmapped, mk = run_steps("pmap", k, batches)
+    # Only the order of float32 additions differs (a batch's gradient is a sum of 32 terms,
+    # split into k partial sums): each step's update differs by a few ulps of its size,
+    # ~1e-7 relative, and five steps at this lr move params by less than 1e-6.
+    chex.assert_trees_all_close(pmapped.params, single.params, rtol=1e-5, atol=1e-7)
+    assert mk["count"] == m1["count"] == 5 * 32
+    np.testing.assert_allclose(mk["loss_sum"], m1["loss_sum"], rtol=1e-6)
+
+
+def test_the_step_averages_over_the_global_batch():
+    # One SGD step by hand: params - lr * mean over the batch of per-example gradients.
+    (batch,) = random_batches(1, 8)
+    params = LENET.init(jax.random.key(0))[0]
+
+    def loss(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(models.lenet(p, x[None]), y[None])[0]
+
+    grads = jax.vmap(jax.grad(loss), (None, 0, 0))(params, batch["image"], batch["label"])
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g.mean(0), params, grads)
+    _, got, _ = run_steps("pmap", 4, [batch])
+    chex.assert_trees_all_close(got.params, expected, rtol=1e-5, atol=1e-8)
+
+
+def test_replicas_stay_bitwise_identical():
+    state, _, _ = run_steps("pmap", 8, random_batches(5, 64))
+    for leaf in jax.tree.leaves(state.params):
+        replicas = np.asarray(leaf)
+        assert all(np.array_equal(replicas[0], r) for r in replicas[1:])
+
+
+def constant_prediction_state(k, label):
+    """A LeNet whose every prediction is `label`: zero weights, a bias that picks it."""
+    params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
+    params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]
+    tx = optax.sgd(0.1)
+    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    return steps, steps.backend.replicate(train.TrainState(params, {}, tx.init(params)))
+
+
+@pytest.mark.parametrize("k,batch_size", [(1, 3), (2, 4), (4, 7), (8, 5)])
+def test_evaluate_accuracy_is_exact_on_a_constructed_case(k, batch_size):
+    labels = np.array([3, 3, 1, 3, 0, 9, 3, 2, 2, 5, 3], np.int32)  # 5 of 11 are 3.
+    split = data.Split(np.zeros((11, 28, 28, 1), np.float32), labels)
+    steps, state = constant_prediction_state(k, 3)
+    assert train.evaluate_accuracy(steps, state, split, batch_size) == 5 / 11
+
+
+@pytest.mark.parametrize("k,batch_size", [(1, 999), (2, 256), (8, 333)])
+def test_evaluation_counts_all_10000_test_examples(fashion_test, k, batch_size):
+    assert 10_000 % batch_size
+    steps, state = constant_prediction_state(k, 7)
+    totals = train.evaluate(steps, state, fashion_test, batch_size)
+    assert totals["count"] == 10_000
+    assert totals["correct"] == 1_000  # Exactly the test set's 1,000 images of class 7.
+
+
+def test_a_short_run_on_real_data_lowers_the_loss(fashion_train, fashion_test):
+    subset = data.Split(fashion_train.images[:6000], fashion_train.labels[:6000])
+    test = data.Split(fashion_test.images[:2000], fashion_test.labels[:2000])
+    history = train.train(LENET, subset, test, get_devices(2), batch_size=32, lr=0.3, epochs=3,
+                          log=lambda _: None)
+    losses = [e["train_loss"] for e in history["epochs"]]
+    # The book's Normal(0, 0.01) init starts at chance (loss ln 10) and stays there a while.
+    assert losses[0] < np.log(10) + 0.01 and losses[-1] < 1.5, losses
+    assert history["epochs"][-1]["test_acc"] > 0.5
+
+
+def test_1000_pmapped_steps_on_8_devices_finish():
+    # XLA:CPU's all-reduce rendezvous can deadlock if the host queues steps without
+    # ever waiting; the loop bounds what is in flight, so this must simply finish.
+    rng = np.random.default_rng(0)
+    split = data.Split(rng.random((8000, 28, 28, 1), np.float32),
+                       rng.integers(0, 10, 8000).astype(np.int32))
+    tx = optax.sgd(0.1)
+    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(8)))
+    state = steps.backend.replicate(train.init_state(LENET, tx, jax.random.key(0)))
+    _, sums = train.train_epoch(steps, state, split, 8, jax.random.key(1))
+    assert sums["count"] == 8000
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
+    ({"lr": 0.0}, "--lr must be a positive finite number, got 0.0"),
+    ({"lr": float("nan")}, "--lr must be a positive finite number, got nan"),
+    ({"epochs": 0}, "--epochs must be at least 1, got 0"),
+])
+def test_train_refuses_bad_hyperparameters(kwargs, message):
+    split = data.Split(np.zeros((4, 28, 28, 1), np.float32), np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        train.train(LENET, split, split, get_devices(1), **kwargs)
