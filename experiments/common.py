@@ -12,15 +12,25 @@ from typing import Callable
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
-def device_counts(text: str) -> list[int]:
-    """Parse '1,2,4' into [1, 2, 4]."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected counts like 1,2,4, got {text!r}") from None
-    if min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"device counts must be at least 1, got {text!r}")
-    return counts
+def comma_list(kind: type, what: str) -> Callable[[str], list]:
+    """A flag type that parses '1,2,4' into [1, 2, 4] of kind."""
+    def parse(text: str) -> list:
+        try:
+            return [kind(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} like {text.split(',')[0] or 1},... "
+                                             f"got {text!r}") from None
+    return parse
+
+
+def per_run(values: list, n: int, flag: str) -> list:
+    """One value per run: a single value serves all n runs, else exactly n are needed."""
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ValueError(f"{flag} has {len(values)} values for {n} device counts: "
+                         f"give one, or one per count")
+    return values
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -30,16 +40,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def parser(module: str, doc: str, *, devices: str, batch_size: int, lr: float,
+def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
            epochs: int) -> argparse.ArgumentParser:
     """The flags every training experiment takes, with its own defaults."""
     p = OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0],
                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--devices", type=device_counts, default=device_counts(devices),
-                   help="device counts to train on, one run each (CPU: simulated devices)")
-    p.add_argument("--batch-size", type=int, default=batch_size,
-                   help="global batch size, split over the devices")
-    p.add_argument("--lr", type=float, default=lr, help="SGD learning rate")
+    p.add_argument("--devices", type=comma_list(int, "counts"), default=devices,
+                   help="device counts, one run each (on CPU, simulated devices)")
+    p.add_argument("--batch-size", type=comma_list(int, "sizes"), default=batch_size,
+                   help="global batch size split over the devices: one, or one per run")
+    p.add_argument("--lr", type=comma_list(float, "rates"), default=lr,
+                   help="SGD learning rate: one, or one per run")
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--seed", type=int, default=0, help="seed of params and data order")
     p.add_argument("--backend", default="pmap", choices=["pmap", "single"],
@@ -48,6 +59,8 @@ def parser(module: str, doc: str, *, devices: str, batch_size: int, lr: float,
                    help="train on the first N training examples only (default: all 60,000)")
     p.add_argument("--test-examples", type=int,
                    help="evaluate on the first N test examples only (default: all 10,000)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="show a progress bar within each epoch")
     p.add_argument("--json", type=Path, help="write the per-epoch history here")
     p.add_argument("--data", default="debian", choices=["debian", "tfds"],
                    help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
@@ -64,6 +77,30 @@ def load_data(args):
     load = dict(source=args.data, data_dir=args.data_dir, source_dir=args.data_source)
     return (data.load_fashion_mnist("train", limit=args.train_examples, **load),
             data.load_fashion_mnist("test", limit=args.test_examples, **load))
+
+
+def train_runs(args, model_name: str, **model_options) -> None:
+    """Train model_name once per device count, printing the book's lines; write --json."""
+    from jax_dp import devices, models, train  # After flags: JAX must not start first.
+
+    check_writable(args.json)
+    n = len(args.devices)
+    batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
+    model = models.get_model(model_name, **model_options)
+    device_sets = devices.setup_devices(args.devices)
+    train_data, test_data = load_data(args)
+    runs = []
+    for devs, batch_size, lr in zip(device_sets, batch_sizes, lrs):
+        print(f"training on {len(devs)} device(s) ({', '.join(map(str, devs))}), "
+              f"batch size {batch_size}, lr {lr}")
+        run = train.train(model, train_data, test_data, devs, backend=args.backend,
+                          batch_size=batch_size, lr=lr, epochs=args.epochs, seed=args.seed,
+                          progress=args.progress)
+        avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
+        print(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
+              f"on {len(devs)} device(s)")
+        runs.append(run)
+    write_json(args.json, {"model": model_name, **model_options, "runs": runs})
 
 
 def check_writable(path: Path | None) -> None:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import tqdm
 
 from jax_dp import data as data_lib
 from jax_dp.backends import Backend, make_backend
@@ -105,13 +106,24 @@ def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend)
 class _InFlight:
     """Blocks on the oldest dispatched step once more than MAX_IN_FLIGHT are queued."""
 
-    def __init__(self):
-        self.pending = collections.deque()
+    def __init__(self, on_done: Callable[[int], None] = lambda n: None):
+        self.pending, self.on_done = collections.deque(), on_done
 
-    def add(self, tree):
-        self.pending.append(tree)
-        if len(self.pending) > MAX_IN_FLIGHT:
-            jax.block_until_ready(self.pending.popleft())
+    def add(self, tree, examples: int = 0):
+        """Queue a step's output; wait for the oldest if too many are queued."""
+        self.pending.append((tree, examples))
+        while len(self.pending) > MAX_IN_FLIGHT:
+            self._wait_oldest()
+
+    def drain(self):
+        """Wait for every queued step."""
+        while self.pending:
+            self._wait_oldest()
+
+    def _wait_oldest(self):
+        tree, examples = self.pending.popleft()
+        jax.block_until_ready(tree)
+        self.on_done(examples)
 
 
 def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
@@ -136,13 +148,21 @@ def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
 
 
 def train_epoch(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int,
-                key: jax.Array) -> tuple[TrainState, dict]:
-    """One pass over data in the order key gives; returns the state and host-side sums."""
-    backend, in_flight = steps.backend, _InFlight()
+                key: jax.Array, progress: str | None = None) -> tuple[TrainState, dict]:
+    """One pass over data in the order key gives; returns the state and host-side sums.
+
+    With progress set, a bar with that label shows images/s and the time left.
+    """
+    backend = steps.backend
     metrics = backend.replicate(zero_metrics())
-    for batch in data_lib.batches(data, batch_size, num_devices=len(backend.devices), key=key):
-        state, metrics = steps.train_batch(state, metrics, backend.shard(batch))
-        in_flight.add(metrics)
+    with tqdm.tqdm(total=len(data.labels), desc=progress, unit="img", unit_scale=True,
+                   leave=False, disable=progress is None) as bar:
+        in_flight = _InFlight(on_done=bar.update)
+        for batch in data_lib.batches(data, batch_size, num_devices=len(backend.devices),
+                                      key=key):
+            state, metrics = steps.train_batch(state, metrics, backend.shard(batch))
+            in_flight.add(metrics, int(batch["mask"].sum()))
+        in_flight.drain()
     return state, {k: float(v) for k, v in backend.unreplicate(metrics).items()}
 
 
@@ -158,7 +178,7 @@ def check_hyperparameters(batch_size: int, lr: float, epochs: int) -> None:
 
 def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
           devices: Sequence[jax.Device], *, backend: str = "pmap", batch_size: int = 256,
-          lr: float = 0.2, epochs: int = 4, seed: int = 0,
+          lr: float = 0.2, epochs: int = 4, seed: int = 0, progress: bool = False,
           log: Callable[[str], None] = print) -> dict:
     """Train model with SGD on devices, printing the book's line per epoch.
 
@@ -171,6 +191,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
       lr: SGD learning rate, applied to the gradient averaged over the global batch.
       epochs: passes over train_data, each in a fresh order drawn from seed.
       seed: the one source of randomness (initial params and every epoch's order).
+      progress: show a progress bar (images/s, time left) within each epoch.
       log: where the per-epoch lines go.
 
     Returns:
@@ -193,7 +214,8 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
     for epoch in range(epochs):
         start = time.perf_counter()
         state, sums = train_epoch(steps, state, train_data, batch_size,
-                                  jax.random.fold_in(order_key, epoch))
+                                  jax.random.fold_in(order_key, epoch),
+                                  progress=f"epoch {epoch + 1}" if progress else None)
         time_s = time.perf_counter() - start
         test_acc = evaluate_accuracy(steps, state, test_data, batch_size)
         history.append({"epoch": epoch + 1, "time_s": time_s,

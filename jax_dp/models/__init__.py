@@ -1,23 +1,10 @@
-"""Models as (init, apply) pairs of pure functions, so one train step serves them all."""
+"""The models, by name, each as a Model of two pure functions."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
-
-import jax
-
 from jax_dp.models.lenet import init_lenet, lenet
-
-
-class Model(NamedTuple):
-    """init(key) -> (params, state); apply(params, state, x, mask, *, train, axis_name) -> (logits, state).
-
-    `state` holds what training updates besides params (BatchNorm statistics); `mask`
-    marks real rows (1) against padding (0); `axis_name` names the data-parallel axis
-    that statistics are synchronised over, or is None on one device.
-    """
-    init: Callable[[jax.Array], tuple[Any, Any]]
-    apply: Callable[..., tuple[jax.Array, Any]]
+from jax_dp.models.model import Model
+from jax_dp.models.resnet import resnet18
 
 
 def _lenet_apply(params, state, x, mask, *, train, axis_name):
@@ -26,11 +13,11 @@ def _lenet_apply(params, state, x, mask, *, train, axis_name):
 
 LENET = Model(init=lambda key: (init_lenet(key), {}), apply=_lenet_apply)
 
-MODELS = {"lenet": lambda **_: LENET}
+MODELS = {"lenet": lambda: LENET, "resnet18": resnet18}
 
 
 def get_model(name: str, **options) -> Model:
-    """The model called name ('lenet', 'resnet18')."""
+    """The model called name ('lenet', or 'resnet18' with bn='sync'|'local')."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: use one of {', '.join(sorted(MODELS))}")
     return MODELS[name](**options)

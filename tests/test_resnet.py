@@ -1,0 +1,139 @@
+"""ResNet-18: exact size; k devices with synchronised BatchNorm train exactly like one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jax_dp import data, models, parity, train
+from jax_dp.backends import make_backend
+from jax_dp.devices import get_devices
+from jax_dp.models.resnet import BatchNorm
+
+RESNET = models.get_model("resnet18")
+
+
+def residual_params(c_in, c, shortcut):
+    """Two 3x3 convolutions, each with BatchNorm (scale, bias), maybe a 1x1 shortcut with bias."""
+    return 9 * c_in * c + 2 * c + 9 * c * c + 2 * c + (c_in * c + c if shortcut else 0)
+
+
+def test_parameter_count_is_exact():
+    params, stats = RESNET.init(jax.random.key(0))
+    stem = 9 * 1 * 64 + 2 * 64
+    stages = 2 * residual_params(64, 64, False)
+    for c_in, c in ((64, 128), (128, 256), (256, 512)):
+        stages += residual_params(c_in, c, True) + residual_params(c, c, False)
+    assert sum(p.size for p in jax.tree.leaves(params)) == stem + stages + 512 * 10 + 10 == 11_171_914
+    bn_channels = 64 + 4 * (64 + 128 + 256 + 512)
+    assert sum(s.size for s in jax.tree.leaves(stats)) == 2 * bn_channels
+
+
+def test_output_shape_and_resolution_schedule():
+    params, stats = RESNET.init(jax.random.key(0))
+    x = jnp.zeros((3, 28, 28, 1))
+    logits, _ = RESNET.apply(params, stats, x, jnp.ones(3), train=False, axis_name=None)
+    assert logits.shape == (3, 10)
+    conv_out = jax.eval_shape(lambda: models.resnet.ResNet18().apply(
+        {"params": params, "batch_stats": stats}, x, jnp.ones(3), train=False,
+        capture_intermediates=True, mutable=["intermediates"]))[1]["intermediates"]
+    # Stride 1 stem, no max-pool: 28x28 until stage 2 halves it, then 7x7 and 4x4.
+    assert conv_out["Residual_1"]["__call__"][0].shape == (3, 28, 28, 64)
+    assert conv_out["Residual_7"]["__call__"][0].shape == (3, 4, 4, 512)
+
+
+def test_batchnorm_training_normalises_with_masked_batch_statistics():
+    x = jax.random.normal(jax.random.key(0), (6, 2, 2, 3)) * 5 + 2
+    mask = jnp.array([1, 1, 1, 1, 0, 0], jnp.float32)
+    bn = BatchNorm(momentum=0.5)
+    variables = bn.init(jax.random.key(1), x, mask, train=False)
+    y, updates = bn.apply(variables, x, mask, train=True, mutable=["batch_stats"])
+    real = np.asarray(x[:4]).reshape(-1, 3)
+    np.testing.assert_allclose(np.asarray(y[:4]).reshape(-1, 3).mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y[:4]).reshape(-1, 3).var(0), 1, rtol=1e-3)
+    np.testing.assert_allclose(updates["batch_stats"]["mean"], 0.5 * real.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(updates["batch_stats"]["var"], 0.5 + 0.5 * real.var(0), rtol=1e-4)
+
+
+def small_batches(n_steps, batch_size, size=8, seed=0, dtype=np.float32):
+    """Random 8x8 images (the model is fully convolutional) with random labels, all real."""
+    rng = np.random.default_rng(seed)
+    return [{"image": rng.random((batch_size, size, size, 1)).astype(dtype),
+             "label": rng.integers(0, 10, batch_size).astype(np.int32),
+             "mask": np.ones(batch_size, dtype)} for _ in range(n_steps)]
+
+
+def run_steps(backend_name, k, batches, model=RESNET, lr=0.1, dtype=jnp.float32):
+    """Train from seed 0's params (as dtype) on batches; the placed state and host copies."""
+    tx = optax.sgd(lr)
+    steps = train.make_steps(model, tx, make_backend(backend_name, get_devices(k)))
+    b = steps.backend
+    state = b.replicate(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype))
+    metrics = b.replicate(train.zero_metrics())
+    for batch in batches:
+        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+    return state, b.unreplicate(state), b.unreplicate(metrics)
+
+
+def assert_each_leaf_close(tree, reference, rel):
+    """Every leaf's max |difference| is at most rel times that leaf's max |value|."""
+    for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference)):
+        assert parity.max_rel_diff(a, b) <= rel
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_one_step_with_synced_batchnorm_equals_one_device(k):
+    batches = small_batches(1, 8)
+    _, reference, m1 = run_steps("single", 1, batches)
+    state, pmapped, mk = run_steps("pmap", k, batches)
+    # float32 round-off only (sums over 8 x 8 x 8 = 512 values per channel, split k ways),
+    # but the gradients of BatchNorm biases are near-cancelling sums that magnify it ~100x.
+    assert_each_leaf_close(pmapped.params, reference.params, 1e-4)
+    assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-5)
+    np.testing.assert_allclose(mk["loss_sum"], m1["loss_sum"], rtol=1e-6)
+    for leaf in jax.tree.leaves(state.model_state):  # Running statistics agree on every replica.
+        replicas = np.asarray(leaf)
+        assert all(np.array_equal(replicas[0], r) for r in replicas[1:])
+
+
+@pytest.fixture(scope="module")
+def float64_reference():
+    """Three single-device steps in float64, and their batches."""
+    with jax.enable_x64(True):
+        batches = small_batches(3, 8, dtype=np.float64)
+        return batches, run_steps("single", 1, batches, dtype=jnp.float64)[1]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_several_steps_with_synced_batchnorm_equal_one_device_in_float64(float64_reference, k):
+    # Over several steps, SGD on 8 examples magnifies float32 round-off ~1e5-fold (a 1e-7
+    # nudge of the initial params moves some BatchNorm biases by 1% after one step), so the
+    # exact equivalence is checked in float64: round-off 1e-16, times that, is ~1e-11.
+    batches, reference = float64_reference
+    with jax.enable_x64(True):
+        _, pmapped, _ = run_steps("pmap", k, batches, dtype=jnp.float64)
+    assert jax.tree.leaves(reference.params)[0].dtype == np.float64
+    assert_each_leaf_close(pmapped.params, reference.params, 1e-8)
+    assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-8)
+
+
+def test_local_batchnorm_statistics_differ_between_replicas():
+    state, _, _ = run_steps("pmap", 2, small_batches(1, 8), model=models.get_model("resnet18", bn="local"))
+    means = np.asarray(state.model_state["BatchNorm_0"]["mean"])
+    assert not np.allclose(means[0], means[1])
+
+
+def test_evaluation_is_deterministic_and_counts_every_example():
+    tx = optax.sgd(0.1)
+    steps = train.make_steps(RESNET, tx, make_backend("pmap", get_devices(4)))
+    state = steps.backend.replicate(train.init_state(RESNET, tx, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    split = data.Split(rng.random((13, 8, 8, 1), np.float32), rng.integers(0, 10, 13).astype(np.int32))
+    first, second = (train.evaluate(steps, state, split, batch_size=6) for _ in range(2))
+    assert first == second and first["count"] == 13
+
+
+def test_unknown_bn_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown --bn 'global'"):
+        models.get_model("resnet18", bn="global")
