@@ -86,6 +86,8 @@ def train_runs(args, model_name: str, **model_options) -> None:
     check_writable(args.json)
     n = len(args.devices)
     batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
+    for batch_size, lr in zip(batch_sizes, lrs):
+        train.check_hyperparameters(batch_size, lr, args.epochs)
     model = models.get_model(model_name, **model_options)
     device_sets = devices.setup_devices(args.devices)
     train_data, test_data = load_data(args)

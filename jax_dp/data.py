@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+import absl.logging
 import jax
 import numpy as np
 
@@ -31,6 +33,8 @@ def _prepared_builder(data_dir, source_dir):
     builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
     if not builder.is_prepared():
         fashion_mnist.check_source(source_dir)
+        print(f"preparing Fashion-MNIST from {source_dir} into {data_dir} (once)", file=sys.stderr)
+        tfds.disable_progress_bar()
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
     return builder
@@ -54,6 +58,7 @@ def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
     if split not in fashion_mnist.SPLITS:
         raise ValueError(f"unknown split {split!r}: use 'train' or 'test'")
     data_dir = data_dir or default_data_dir()
+    absl.logging.set_verbosity(absl.logging.ERROR)  # TFDS's info and warnings are not for users.
     if source == "debian":
         builder = _prepared_builder(data_dir, source_dir)
     elif source == "tfds":

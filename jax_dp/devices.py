@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 from jax._src import xla_bridge
 
 
 def simulate_cpu_devices(k: int) -> None:
-    """Make XLA:CPU expose k devices; a no-op for the GPU backend."""
+    """Make XLA:CPU expose k devices; a no-op for the GPU backend or when JAX_NUM_CPU_DEVICES is set."""
     if k < 1:
         raise ValueError(f"--devices must be at least 1, got {k}")
+    if "JAX_NUM_CPU_DEVICES" in os.environ:  # The user's own choice wins.
+        return
     if xla_bridge.backends_are_initialized():
         have = jax.local_device_count("cpu")
         if have < k:

@@ -1,0 +1,65 @@
+"""The experiments as a user runs them: flags, the book's lines, JSON, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(module, *flags, env=None):
+    """Run `python -m module flags` in a fresh process; returns the completed process."""
+    return subprocess.run([sys.executable, "-m", module, *flags], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_lenet_prints_the_books_lines_and_writes_the_json(tmp_path):
+    out = tmp_path / "runs.json"
+    proc = run("experiments.lenet", "--devices", "1,2", "--epochs", "2", "--train-examples", "600",
+               "--test-examples", "300", "--batch-size", "64", "--json", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("epoch ") and ", test acc " in line for line in lines) == 4
+    assert "sec/epoch on 2 device(s)" in lines[-1]
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["devices"], r["batch_size"], r["lr"]) for r in runs] == [(1, 64, 0.2), (2, 64, 0.2)]
+    assert [e["epoch"] for e in runs[1]["epochs"]] == [1, 2]
+    assert set(runs[0]["epochs"][0]) == {"epoch", "time_s", "train_loss", "train_acc", "test_acc"}
+
+
+def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
+    out = tmp_path / "runs.json"
+    proc = run("experiments.resnet18", "--epochs", "1", "--train-examples", "16",
+               "--test-examples", "8", "--batch-size", "8,16", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(out.read_text())
+    assert payload["bn"] == "sync"
+    assert [(r["devices"], r["batch_size"], r["lr"]) for r in payload["runs"]] == [(1, 8, 0.1), (2, 16, 0.2)]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--devices", "0"], "--devices must be positive counts"),
+    (["--devices", "4", "--env", "JAX_NUM_CPU_DEVICES=2"],
+     "asked for 4 devices but only 2 exist (cpu:0, cpu:1); pass --devices 2 or fewer"),
+    (["--devices", "two"], "argument --devices: expected counts"),
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
+    (["--lr", "inf"], "--lr must be a positive finite number, got inf"),
+    (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--devices", "1,2", "--lr", "0.1,0.2,0.3"], "--lr has 3 values for 2 device counts"),
+    (["--json", "/nonexistent/dir/runs.json"], "cannot write /nonexistent/dir/runs.json"),
+    (["--data-source", "/nonexistent", "--data-dir", "/tmp/jax-dp-empty-tfds"],
+     "is missing from /nonexistent"),
+    (["--model", "lenet"], "unrecognized arguments: --model lenet"),
+])
+def test_bad_flags_get_one_line_and_exit_code_2(flags, message):
+    env = {"JAX_DP_NO_TCMALLOC": "1"}
+    if "--env" in flags:
+        name, value = flags.pop(flags.index("--env") + 1).split("=")
+        flags.remove("--env")
+        env[name] = value
+    proc = run("experiments.lenet", *flags, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("python -m experiments.lenet: error: ")
