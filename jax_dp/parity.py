@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+
+from jax_dp import train
+from jax_dp.backends import make_backend
+from jax_dp.devices import get_devices
+from jax_dp.models import Model
 
 
 def max_rel_diff(tree: Any, reference: Any) -> float:
@@ -19,9 +27,88 @@ def max_rel_diff(tree: Any, reference: Any) -> float:
     return diff / scale if scale else diff
 
 
+def rel_l2_diff(tree: Any, reference: Any) -> float:
+    """||tree - reference||_2 / ||reference||_2, over all leaves at once (relative 2-norm)."""
+    pairs = [(np.asarray(a, np.float64), np.asarray(b, np.float64))
+             for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference))]
+    diff = sum(float(np.sum((a - b) ** 2)) for a, b in pairs)
+    scale = sum(float(np.sum(b ** 2)) for _, b in pairs)
+    return float(np.sqrt(diff / scale)) if scale else float(np.sqrt(diff))
+
+
 def cast(tree: Any, dtype) -> Any:
     """Every floating-point leaf of tree as dtype (float64 needs jax.enable_x64)."""
     def to(leaf):
         leaf = jax.numpy.asarray(leaf)
         return leaf.astype(dtype) if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating) else leaf
     return jax.tree.map(to, tree)
+
+
+class Config(NamedTuple):
+    """One way to run the step: a backend name over a number of devices."""
+    backend: str
+    devices: int
+
+
+def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *, lr: float,
+            seed: int = 0, dtype=jnp.float32) -> dict:
+    """Step every config in lockstep from the same params on the same global batches.
+
+    The reference is the single-device jax.jit step. After each step every config's
+    params (and model state, e.g. BatchNorm statistics) are compared with the
+    reference's by max_rel_diff; each step is timed to completion, apart from compiling.
+    """
+    tx = optax.sgd(lr)
+    init = cast(train.init_state(model, tx, jax.random.key(seed)), dtype)
+    runners = [_Runner(model, tx, c, init, batches[0], dtype)
+               for c in [Config("single", 1), *configs]]
+    reference, others = runners[0], runners[1:]
+    for batch in batches:
+        for runner in runners:
+            runner.step(cast(batch, dtype))
+        for runner in others:
+            runner.compare(reference)
+    return {"reference": "single", "runs": [r.summary(len(batches[0]["label"])) for r in runners]}
+
+
+class _Runner:
+    """One config's state, compiled step, timings and divergence from the reference."""
+
+    def __init__(self, model, tx, config, init, example_batch, dtype):
+        self.config = config
+        self.steps = train.make_steps(model, tx, make_backend(config.backend,
+                                                              get_devices(config.devices)))
+        backend = self.steps.backend
+        self.state = backend.replicate(init)
+        start = time.perf_counter()
+        self.train_batch = self.steps.train_batch.lower(
+            self.state, backend.replicate(train.zero_metrics()),
+            backend.shard(cast(example_batch, dtype))).compile()
+        self.compile_s = time.perf_counter() - start
+        self.times, self.losses, self.diffs, self.l2_diffs = [], [], [], []
+
+    def step(self, batch):
+        backend = self.steps.backend
+        placed = backend.shard(batch)
+        start = time.perf_counter()
+        self.state, metrics = self.train_batch(self.state, backend.replicate(train.zero_metrics()),
+                                               placed)
+        jax.block_until_ready(self.state)
+        self.times.append(time.perf_counter() - start)
+        metrics = backend.unreplicate(metrics)
+        self.losses.append(float(metrics["loss_sum"] / metrics["count"]))
+        self.host = backend.unreplicate((self.state.params, self.state.model_state))
+
+    def compare(self, reference):
+        self.diffs.append(max_rel_diff(self.host, reference.host))
+        self.l2_diffs.append(rel_l2_diff(self.host, reference.host))
+
+    def summary(self, batch_size):
+        step_s = float(np.median(self.times))
+        run = {"backend": self.config.backend, "devices": self.config.devices,
+               "compile_s": self.compile_s, "steps_per_s": 1 / step_s,
+               "images_per_s": batch_size / step_s, "losses": self.losses}
+        if self.diffs:
+            run.update(max_rel_diff=self.diffs[-1], per_step_max_rel_diff=self.diffs,
+                       rel_l2_diff=self.l2_diffs[-1], per_step_rel_l2_diff=self.l2_diffs)
+        return run
