@@ -59,6 +59,15 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
                    help="train on the first N training examples only (default: all 60,000)")
     p.add_argument("--test-examples", type=int,
                    help="evaluate on the first N test examples only (default: all 10,000)")
+    p.add_argument("--drop-remainder", action="store_true",
+                   help="skip each epoch's last partial batch instead of padding it")
+    p.add_argument("--checkpoint-dir", help="save checkpoints here (one folder per run)")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints (0: at each epoch's end only)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run from its latest checkpoint in --checkpoint-dir")
+    p.add_argument("--step-timeout", type=float, default=300.0,
+                   help="seconds one step may take before the run is declared wedged (exit 3)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch")
     p.add_argument("--json", type=Path, help="write the per-epoch history here")
@@ -95,9 +104,14 @@ def train_runs(args, model_name: str, **model_options) -> None:
     for devs, batch_size, lr in zip(device_sets, batch_sizes, lrs):
         print(f"training on {len(devs)} device(s) ({', '.join(map(str, devs))}), "
               f"batch size {batch_size}, lr {lr}")
+        ckpt = args.checkpoint_dir and f"{args.checkpoint_dir}/{len(devs)}dev-bs{batch_size}-lr{lr}"
         run = train.train(model, train_data, test_data, devs, backend=args.backend,
                           batch_size=batch_size, lr=lr, epochs=args.epochs, seed=args.seed,
-                          progress=args.progress)
+                          drop_remainder=args.drop_remainder, checkpoint_dir=ckpt,
+                          checkpoint_every=args.checkpoint_every, resume=args.resume,
+                          step_timeout=args.step_timeout, progress=args.progress,
+                          name=model_name)
+        run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         print(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
               f"on {len(devs)} device(s)")
@@ -134,10 +148,13 @@ def run(main: Callable[[argparse.Namespace], None], p: argparse.ArgumentParser) 
     """Parse flags and run main; a ValueError becomes one line on stderr and exit code 2."""
     args = p.parse_args()
     with_tcmalloc()
+    from jax_dp.train import Interrupted
+
     try:
         main(args)
     except ValueError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
+    except Interrupted as e:
+        p.exit(128 + e.signum, f"{p.prog}: {e}\n")
     except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted", file=sys.stderr)
-        sys.exit(130)
+        p.exit(130, f"{p.prog}: interrupted\n")

@@ -80,25 +80,36 @@ def padded_size(batch_size: int, num_devices: int) -> int:
     return -(-batch_size // num_devices) * num_devices
 
 
-def batches(data: Split, batch_size: int, *, num_devices: int = 1, key: jax.Array | None = None,
-            drop_remainder: bool = False) -> Iterator[dict[str, np.ndarray]]:
-    """Global batches {image, label, mask}, shuffled by key, every one of the same shape.
+def epoch_order(n: int, key: jax.Array) -> np.ndarray:
+    """The order of n examples for one epoch: a permutation drawn from key."""
+    return np.asarray(jax.random.permutation(key, n))
+
+
+def num_batches(n: int, batch_size: int, drop_remainder: bool = False) -> int:
+    """How many global batches one epoch of n examples has."""
+    return n // batch_size if drop_remainder else -(-n // batch_size)
+
+
+def batches(data: Split, batch_size: int, *, num_devices: int = 1, order: np.ndarray | None = None,
+            start: int = 0, drop_remainder: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """Global batches {image, label, mask} in the given order, from batch `start` on.
 
     Each batch is padded with masked rows (mask 0) to a multiple of num_devices, and the
-    last, partial batch is padded the same way, so every example counts exactly once.
+    last, partial batch is padded the same way, so every batch has one shape and every
+    example counts exactly once (drop_remainder skips the partial batch instead).
     """
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     n = len(data.labels)
-    order = np.arange(n) if key is None else np.asarray(jax.random.permutation(key, n))
-    stop = n - n % batch_size if drop_remainder else n
+    order = np.arange(n) if order is None else order
     size = padded_size(batch_size, num_devices)
-    for start in range(0, stop, batch_size):
-        idx = order[start:start + batch_size]
-        pad = size - len(idx)
-        yield {
-            "image": np.concatenate([data.images[idx],
-                                     np.zeros((pad,) + data.images.shape[1:], np.float32)]),
-            "label": np.concatenate([data.labels[idx], np.zeros(pad, np.int32)]),
-            "mask": np.concatenate([np.ones(len(idx), np.float32), np.zeros(pad, np.float32)]),
-        }
+    for b in range(start, num_batches(n, batch_size, drop_remainder)):
+        idx = order[b * batch_size:(b + 1) * batch_size]
+        image, label = data.images[idx], data.labels[idx]
+        mask = np.ones(size, np.float32)
+        if len(idx) < size:
+            pad = size - len(idx)
+            image = np.concatenate([image, np.zeros((pad,) + image.shape[1:], image.dtype)])
+            label = np.concatenate([label, np.zeros(pad, label.dtype)])
+            mask[len(idx):] = 0
+        yield {"image": image, "label": label, "mask": mask}

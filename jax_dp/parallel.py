@@ -38,7 +38,7 @@ replicate = get_params
 
 def unreplicate(tree: Any) -> Any:
     """Take replica 0 of every leaf, as a host numpy array."""
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], tree)
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0, ...], tree)
 
 
 def split_and_load(data: Any, devices: Sequence[jax.Device]) -> Any:

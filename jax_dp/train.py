@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import time
@@ -15,13 +14,11 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
+from jax_dp import dispatch
 from jax_dp.backends import Backend, make_backend
+from jax_dp.checkpoint import Checkpointer, Snapshot
 from jax_dp.models import Model
 from jax_dp.parallel import allreduce
-
-# XLA:CPU can deadlock in a cross-device all-reduce when the host queues many pmapped
-# steps without waiting, so the loops never let more than this many run ahead.
-MAX_IN_FLIGHT = 2
 
 
 class TrainState(NamedTuple):
@@ -31,6 +28,18 @@ class TrainState(NamedTuple):
     opt_state: Any
 
 
+class NonFiniteError(ValueError):
+    """Loss or gradients stopped being finite numbers."""
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM stopped training between two steps."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
 def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -> TrainState:
     """Fresh params and model state from key, with the optimizer's initial state."""
     params, model_state = model.init(key)
@@ -38,8 +47,10 @@ def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -
 
 
 def zero_metrics() -> dict[str, jax.Array]:
-    """Running sums a step adds to: summed loss, correct predictions, real examples."""
-    return {name: jnp.zeros((), jnp.float32) for name in ("loss_sum", "correct", "count")}
+    """Running sums over an epoch: loss, correct predictions, real examples, steps taken,
+    and the index of the first step whose loss or gradients were not finite (-1: none)."""
+    sums = {name: jnp.zeros((), jnp.float32) for name in ("loss_sum", "correct", "count")}
+    return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
 
 
 def _batch_metrics(logits, labels, mask, loss_sum):
@@ -48,7 +59,7 @@ def _batch_metrics(logits, labels, mask, loss_sum):
 
 
 def _add(metrics, new):
-    return jax.tree.map(jnp.add, metrics, new)
+    return {**metrics, **{k: metrics[k] + v for k, v in new.items()}}
 
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
@@ -59,7 +70,8 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     examples, `allreduce` sums the gradients over the devices, and the sum is divided
     by the number of real examples in the *global* batch, so every replica applies the
     same update as one device would on the whole batch. With axis_name None the same
-    function is the single-device step.
+    function is the single-device step. Once a step's loss or gradients are not finite,
+    this and later steps of the epoch leave the state as it was (metrics say where).
     """
     x, y, mask = batch["image"], batch["label"], batch["mask"]
 
@@ -74,8 +86,15 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
     grads = jax.tree.map(lambda g: g / new["count"], allreduce(grads, axis_name))
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    return TrainState(params, model_state, opt_state), _add(metrics, new)
+    stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
+
+    finite = jnp.isfinite(new["loss_sum"]) & jnp.all(
+        jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    good = finite & (metrics["first_bad"] < 0)
+    state = jax.tree.map(lambda a, b: jnp.where(good, a, b), stepped, state)
+    metrics = _add(metrics, new)
+    return state, {**metrics, "steps": metrics["steps"] + 1, "first_bad": jnp.where(
+        ~finite & (metrics["first_bad"] < 0), metrics["steps"], metrics["first_bad"])}
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
@@ -103,32 +122,9 @@ def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend)
                  backend.compile(eval_fn))
 
 
-class _InFlight:
-    """Blocks on the oldest dispatched step once more than MAX_IN_FLIGHT are queued."""
-
-    def __init__(self, on_done: Callable[[int], None] = lambda n: None):
-        self.pending, self.on_done = collections.deque(), on_done
-
-    def add(self, tree, examples: int = 0):
-        """Queue a step's output; wait for the oldest if too many are queued."""
-        self.pending.append((tree, examples))
-        while len(self.pending) > MAX_IN_FLIGHT:
-            self._wait_oldest()
-
-    def drain(self):
-        """Wait for every queued step."""
-        while self.pending:
-            self._wait_oldest()
-
-    def _wait_oldest(self):
-        tree, examples = self.pending.popleft()
-        jax.block_until_ready(tree)
-        self.on_done(examples)
-
-
 def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
     """Sums over every example of data, each counted once, read back to the host."""
-    backend, in_flight = steps.backend, _InFlight()
+    backend, in_flight = steps.backend, dispatch.InFlight()
     metrics = backend.replicate(zero_metrics())
     for batch in data_lib.batches(data, batch_size, num_devices=len(backend.devices)):
         metrics = steps.evaluate(state, metrics, backend.shard(batch))
@@ -148,22 +144,31 @@ def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
 
 
 def train_epoch(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int,
-                key: jax.Array, progress: str | None = None) -> tuple[TrainState, dict]:
-    """One pass over data in the order key gives; returns the state and host-side sums.
+                order: np.ndarray, *, metrics: dict | None = None, start: int = 0,
+                drop_remainder: bool = False, progress: str | None = None,
+                on_step: Callable[[int, TrainState, dict], bool] | None = None,
+                step_timeout: float | None = None) -> tuple[TrainState, dict]:
+    """Steps over data in `order`, from batch `start`; returns the state and device-side sums.
 
-    With progress set, a bar with that label shows images/s and the time left.
+    on_step(i, state, metrics) runs after batch i (1-based) is dispatched and may end the
+    epoch early by returning True. With progress set, a bar with that label shows images/s
+    and the time left.
     """
     backend = steps.backend
-    metrics = backend.replicate(zero_metrics())
-    with tqdm.tqdm(total=len(data.labels), desc=progress, unit="img", unit_scale=True,
-                   leave=False, disable=progress is None) as bar:
-        in_flight = _InFlight(on_done=bar.update)
-        for batch in data_lib.batches(data, batch_size, num_devices=len(backend.devices),
-                                      key=key):
+    metrics = backend.replicate(zero_metrics()) if metrics is None else metrics
+    total = data_lib.num_batches(len(data.labels), batch_size, drop_remainder)
+    with tqdm.tqdm(total=total, initial=start, desc=progress, unit="batch", leave=False,
+                   disable=progress is None) as bar:
+        in_flight = dispatch.InFlight(lambda out, info: bar.update(), step_timeout)
+        batches = data_lib.batches(data, batch_size, num_devices=len(backend.devices),
+                                   order=order, start=start, drop_remainder=drop_remainder)
+        for i, batch in enumerate(batches, start + 1):
             state, metrics = steps.train_batch(state, metrics, backend.shard(batch))
-            in_flight.add(metrics, int(batch["mask"].sum()))
+            in_flight.add(metrics, f"step {i} of {progress or 'the epoch'}")
+            if on_step is not None and on_step(i, state, metrics):
+                break
         in_flight.drain()
-    return state, {k: float(v) for k, v in backend.unreplicate(metrics).items()}
+    return state, metrics
 
 
 def check_hyperparameters(batch_size: int, lr: float, epochs: int) -> None:
@@ -178,7 +183,9 @@ def check_hyperparameters(batch_size: int, lr: float, epochs: int) -> None:
 
 def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
           devices: Sequence[jax.Device], *, backend: str = "pmap", batch_size: int = 256,
-          lr: float = 0.2, epochs: int = 4, seed: int = 0, progress: bool = False,
+          lr: float = 0.2, epochs: int = 4, seed: int = 0, drop_remainder: bool = False,
+          checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+          step_timeout: float | None = None, progress: bool = False, name: str = "",
           log: Callable[[str], None] = print) -> dict:
     """Train model with SGD on devices, printing the book's line per epoch.
 
@@ -191,39 +198,118 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
       lr: SGD learning rate, applied to the gradient averaged over the global batch.
       epochs: passes over train_data, each in a fresh order drawn from seed.
       seed: the one source of randomness (initial params and every epoch's order).
+      drop_remainder: skip each epoch's last partial batch (the book's DataLoader keeps it).
+      checkpoint_dir: save the run here (Orbax) every checkpoint_every steps and at
+        each epoch's end; on SIGINT or SIGTERM, save and raise Interrupted.
+      resume: continue from the latest checkpoint in checkpoint_dir, if there is one.
+      step_timeout: end the process (exit code 3) if a step takes longer than this.
       progress: show a progress bar (images/s, time left) within each epoch.
+      name: the model's name, recorded in checkpoints so a resume cannot mix models.
       log: where the per-epoch lines go.
 
     Returns:
       {"devices", "batch_size", "lr", "compile_s", "epochs": [{"epoch", "time_s",
-      "train_loss", "train_acc", "test_acc"}, ...]}.
+      "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
+      host (replica 0)}.
     """
     check_hyperparameters(batch_size, lr, epochs)
+    if checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be 0 (epoch ends only) or more, got {checkpoint_every}")
+    if (resume or checkpoint_every) and not checkpoint_dir:
+        raise ValueError("--resume and --checkpoint-every need --checkpoint-dir")
     tx = optax.sgd(lr)
-    init_key, order_key = jax.random.split(jax.random.key(seed))
+    key = jax.random.key(seed)
+    init_key, order_key = jax.random.split(key)
     steps = make_steps(model, tx, make_backend(backend, devices))
-    state = steps.backend.replicate(init_state(model, tx, init_key))
+    dp = steps.backend
+    state = dp.replicate(init_state(model, tx, init_key))
+    n = len(train_data.labels)
+    config = {"model": name, "backend": backend, "devices": len(devices), "batch_size": batch_size,
+              "lr": lr, "seed": seed, "drop_remainder": drop_remainder, "train_examples": n}
+    ckpt = Checkpointer(checkpoint_dir, config) if checkpoint_dir else None
+    epoch, start, history, metrics, order, global_step = 0, 0, [], None, None, 0
+    snapshot = ckpt.restore(_snapshot(dp, state, dp.replicate(zero_metrics()), np.arange(n),
+                                      key, 0, 0, 0, [])) if ckpt and resume else None
+    if snapshot is not None:
+        state = TrainState(dp.replicate(snapshot.state["params"]),
+                           dp.from_host(snapshot.state["model_state"]),
+                           dp.replicate(snapshot.state["opt_state"]))
+        metrics, order = dp.replicate(snapshot.metrics), snapshot.order
+        epoch, start, history = snapshot.epoch, snapshot.step, snapshot.history
+        global_step, key = snapshot.global_step, jax.random.wrap_key_data(snapshot.key)
+        order_key = jax.random.split(key)[1]
+        log(f"resuming from {checkpoint_dir} at epoch {epoch + 1}, step {start}")
 
-    start = time.perf_counter()
+    start_time = time.perf_counter()
     steps = _compile(steps, state, data_lib.padded_size(batch_size, len(devices)),
                      train_data.images.shape[1:])
-    compile_s = time.perf_counter() - start
+    compile_s = time.perf_counter() - start_time
     log(f"compile {compile_s:.1f} sec on {len(devices)} device(s)")
 
-    history = []
-    for epoch in range(epochs):
-        start = time.perf_counter()
-        state, sums = train_epoch(steps, state, train_data, batch_size,
-                                  jax.random.fold_in(order_key, epoch),
-                                  progress=f"epoch {epoch + 1}" if progress else None)
-        time_s = time.perf_counter() - start
-        test_acc = evaluate_accuracy(steps, state, test_data, batch_size)
-        history.append({"epoch": epoch + 1, "time_s": time_s,
-                        "train_loss": sums["loss_sum"] / sums["count"],
-                        "train_acc": sums["correct"] / sums["count"], "test_acc": test_acc})
-        log(f"epoch {epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+    def save(state, metrics, order, epoch, step):
+        ckpt.save(_snapshot(dp, state, metrics, order, key, epoch, step, global_step + step - start,
+                            history))
+
+    with dispatch.stop_requests() as stop:
+        while epoch < epochs:
+            if order is None:
+                order = data_lib.epoch_order(n, jax.random.fold_in(order_key, epoch))
+
+            def on_step(i, state, metrics):
+                if (ckpt and checkpoint_every and (global_step + i - start) % checkpoint_every == 0) \
+                        or stop.signum is not None:
+                    _check_finite(dp, metrics, epoch)
+                    if ckpt:
+                        save(state, metrics, order, epoch, i)
+                if stop.signum is not None:
+                    where = f"epoch {epoch + 1}, step {i}"
+                    saved = (f"checkpoint saved in {checkpoint_dir}: rerun with --resume"
+                             if ckpt else "no --checkpoint-dir, so nothing was saved")
+                    raise Interrupted(stop.signum, f"interrupted at {where}; {saved}")
+                return False
+
+            epoch_start = time.perf_counter()
+            state, metrics = train_epoch(
+                steps, state, train_data, batch_size, order, metrics=metrics, start=start,
+                drop_remainder=drop_remainder, on_step=on_step, step_timeout=step_timeout,
+                progress=f"epoch {epoch + 1}" if progress else None)
+            time_s = time.perf_counter() - epoch_start
+            sums = _check_finite(dp, metrics, epoch)
+            global_step += int(sums["steps"]) - start
+            test_acc = evaluate_accuracy(steps, state, test_data, batch_size)
+            history.append({"epoch": epoch + 1, "time_s": time_s,
+                            "train_loss": sums["loss_sum"] / sums["count"],
+                            "train_acc": sums["correct"] / sums["count"], "test_acc": test_acc})
+            log(f"epoch {epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+            epoch, start, metrics, order = epoch + 1, 0, None, None
+            if ckpt:
+                next_order = data_lib.epoch_order(n, jax.random.fold_in(order_key, epoch))
+                ckpt.save(_snapshot(dp, state, dp.replicate(zero_metrics()), next_order, key,
+                                    epoch, 0, global_step, history))
+    if ckpt:
+        ckpt.close()
     return {"devices": len(devices), "batch_size": batch_size, "lr": lr,
-            "compile_s": compile_s, "epochs": history}
+            "compile_s": compile_s, "epochs": history, "state": dp.unreplicate(state)}
+
+
+def _check_finite(backend: Backend, metrics: dict, epoch: int) -> dict:
+    """The epoch's sums on the host; NonFiniteError if a step went non-finite."""
+    sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
+    if sums["first_bad"] >= 0:
+        raise NonFiniteError(
+            f"loss or gradients became non-finite at epoch {epoch + 1}, step "
+            f"{sums['first_bad'] + 1}; training stopped with the last good state "
+            "(and checkpoint): lower --lr")
+    return sums
+
+
+def _snapshot(backend, state, metrics, order, key, epoch, step, global_step, history) -> Snapshot:
+    """A host-side Snapshot of a placed state and metrics."""
+    host = {"params": backend.unreplicate(state.params),
+            "model_state": backend.to_host(state.model_state),
+            "opt_state": backend.unreplicate(state.opt_state)}
+    return Snapshot(host, backend.unreplicate(metrics), np.asarray(order),
+                    np.asarray(jax.random.key_data(key)), epoch, step, global_step, list(history))
 
 
 def _compile(steps: Steps, state: TrainState, size: int, image_shape) -> Steps:

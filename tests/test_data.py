@@ -79,7 +79,8 @@ def small_split(n):
 @pytest.mark.parametrize("n,batch_size,k", [(10, 4, 1), (10, 4, 3), (7, 7, 2), (5, 8, 4)])
 def test_batches_cover_every_example_once_in_equal_padded_shapes(n, batch_size, k):
     seen = []
-    for batch in data.batches(small_split(n), batch_size, num_devices=k, key=jax.random.key(0)):
+    order = data.epoch_order(n, jax.random.key(0))
+    for batch in data.batches(small_split(n), batch_size, num_devices=k, order=order):
         assert batch["image"].shape[0] == batch["label"].shape[0] == data.padded_size(batch_size, k)
         assert batch["image"].shape[0] % k == 0
         real = batch["mask"] == 1
@@ -88,9 +89,16 @@ def test_batches_cover_every_example_once_in_equal_padded_shapes(n, batch_size, 
     assert sorted(seen) == list(range(n))
 
 
-def test_batches_shuffle_by_key_and_drop_remainder_drops_the_tail():
-    split = small_split(10)
-    order = lambda key: np.concatenate([b["label"] for b in data.batches(split, 5, key=key)])
-    np.testing.assert_array_equal(order(jax.random.key(3)), order(jax.random.key(3)))
-    assert not np.array_equal(order(jax.random.key(3)), order(jax.random.key(4)))
+def test_epoch_order_is_a_permutation_fixed_by_the_key():
+    a, b, c = (data.epoch_order(10, jax.random.key(s)) for s in (3, 3, 4))
+    assert sorted(a) == list(range(10))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_batches_follow_the_order_from_start_and_drop_remainder_drops_the_tail():
+    split, order = small_split(10), np.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+    labels = [list(b["label"]) for b in data.batches(split, 4, order=order, start=1)]
+    assert labels == [[5, 4, 3, 2], [1, 0, 0, 0]]  # The last batch is padded (mask 0).
     assert [len(b["label"]) for b in data.batches(split, 4, drop_remainder=True)] == [4, 4]
+    assert data.num_batches(10, 4) == 3 and data.num_batches(10, 4, drop_remainder=True) == 2

@@ -115,8 +115,8 @@ def test_1000_pmapped_steps_on_8_devices_finish():
     tx = optax.sgd(0.1)
     steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(8)))
     state = steps.backend.replicate(train.init_state(LENET, tx, jax.random.key(0)))
-    _, sums = train.train_epoch(steps, state, split, 8, jax.random.key(1))
-    assert sums["count"] == 8000
+    _, metrics = train.train_epoch(steps, state, split, 8, data.epoch_order(8000, jax.random.key(1)))
+    assert steps.backend.unreplicate(metrics)["count"] == 8000
 
 
 @pytest.mark.parametrize("kwargs,message", [

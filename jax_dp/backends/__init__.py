@@ -12,6 +12,8 @@ class Backend(NamedTuple):
 
     compile(fn, donate_argnums) takes fn(state, metrics, batch) written for one shard
     (collectives over `axis_name`) and returns the step to call on placed values.
+    replicate puts one copy of a host tree on every device, unreplicate reads one copy
+    back; to_host and from_host move a placed tree whole, every device's copy included.
     """
     name: str
     devices: tuple[jax.Device, ...]
@@ -20,13 +22,16 @@ class Backend(NamedTuple):
     shard: Callable[[Any], Any]
     unreplicate: Callable[[Any], Any]
     compile: Callable[..., Callable]
+    to_host: Callable[[Any], Any]
+    from_host: Callable[[Any], Any]
 
 
 def make_backend(name: str, devices: Sequence[jax.Device]) -> Backend:
-    """The backend called name ('single', 'pmap') over devices."""
-    from jax_dp.backends import pmap, single
+    """The backend called name ('single', 'pmap', 'shard_map', 'jit') over devices."""
+    from jax_dp.backends import jit, pmap, shard_map, single
 
-    makers = {"single": single.make, "pmap": pmap.make}
+    makers = {"single": single.make, "pmap": pmap.make, "shard_map": shard_map.make,
+              "jit": jit.make}
     if name not in makers:
         raise ValueError(f"unknown backend {name!r}: use one of {', '.join(makers)}")
     return makers[name](tuple(devices))

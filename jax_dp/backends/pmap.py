@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from jax_dp import parallel
 from jax_dp.backends import Backend
@@ -16,4 +17,6 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
         shard=lambda tree: parallel.split_and_load(tree, devices),
         unreplicate=parallel.unreplicate,
         compile=lambda fn, donate_argnums=(): jax.pmap(
-            fn, axis_name=parallel.AXIS, devices=devices, donate_argnums=donate_argnums))
+            fn, axis_name=parallel.AXIS, devices=devices, donate_argnums=donate_argnums),
+        to_host=lambda tree: jax.tree.map(np.asarray, tree),
+        from_host=lambda tree: jax.device_put(tree, parallel.device_sharding(devices)))

@@ -13,7 +13,9 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
     if len(devices) != 1:
         raise ValueError(f"the single-device backend runs on 1 device, got {len(devices)}")
     put = lambda tree: jax.device_put(tree, devices[0])
+    to_host = lambda tree: jax.tree.map(np.asarray, tree)
     return Backend(
         name="single", devices=devices, axis_name=None, replicate=put, shard=put,
-        unreplicate=lambda tree: jax.tree.map(np.asarray, tree),
-        compile=lambda fn, donate_argnums=(): jax.jit(fn, donate_argnums=donate_argnums))
+        unreplicate=to_host,
+        compile=lambda fn, donate_argnums=(): jax.jit(fn, donate_argnums=donate_argnums),
+        to_host=to_host, from_host=put)

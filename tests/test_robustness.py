@@ -1,0 +1,200 @@
+"""Nothing lost, nothing silent: uneven batches, non-finite steps, checkpoints, signals, hangs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jax_dp import checkpoint, data, dispatch, models, parity, train
+from jax_dp.backends import make_backend
+from jax_dp.devices import get_devices
+
+LENET = models.get_model("lenet")
+K = 4
+
+
+def one_step(model, backend, k, batch, lr=0.1, dtype=jnp.float32):
+    """Params and model state after one step from seed 0, on the host."""
+    tx = optax.sgd(lr)
+    steps = train.make_steps(model, tx, make_backend(backend, get_devices(k)))
+    b = steps.backend
+    state = b.replicate(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype))
+    state, metrics = steps.train_batch(state, b.replicate(train.zero_metrics()), b.shard(batch))
+    return b.unreplicate(state), b.unreplicate(metrics)
+
+
+def padded_and_exact(n, k, seed=0, size=28):
+    """The same n examples as one padded batch for k devices and as an exact batch of n."""
+    rng = np.random.default_rng(seed)
+    split = data.Split(rng.random((n, size, size, 1), np.float32),
+                       rng.integers(0, 10, n).astype(np.int32))
+    (padded,) = data.batches(split, n, num_devices=k)
+    return padded, {"image": split.images, "label": split.labels, "mask": np.ones(n, np.float32)}
+
+
+@pytest.mark.parametrize("n", range(K - 1, 3 * K + 2))
+def test_uneven_batches_on_k_devices_equal_one_device_on_exactly_those_examples(n):
+    padded, exact = padded_and_exact(n, K)
+    assert padded["mask"].sum() == n and len(padded["mask"]) % K == 0
+    got, m_k = one_step(LENET, "pmap", K, padded)
+    want, m_1 = one_step(LENET, "single", 1, exact)
+    assert m_k["count"] == m_1["count"] == n
+    # Padded rows add exact zeros; only the order of the float32 sums differs.
+    for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
+        assert parity.max_rel_diff(a, b) <= 1e-6
+
+
+@pytest.mark.parametrize("n", [K - 1, K + 1, 3 * K + 1])
+def test_batchnorm_statistics_ignore_padded_rows(n):
+    resnet = models.get_model("resnet18")
+    padded, exact = padded_and_exact(n, K, size=8)
+    padded["image"][n:] = 1e3  # Garbage in the padding must not reach the statistics.
+    # In float64: with 3 examples, stage 4's BatchNorm (1x1 pixels) normalises 3 values,
+    # which magnifies float32 round-off past any useful bound; float64's leaves ~1e-12.
+    with jax.enable_x64(True):
+        got, _ = one_step(resnet, "pmap", K, parity.cast(padded, jnp.float64), dtype=jnp.float64)
+        want, _ = one_step(resnet, "single", 1, parity.cast(exact, jnp.float64), dtype=jnp.float64)
+    for a, b in zip(jax.tree.leaves((got.params, got.model_state)),
+                    jax.tree.leaves((want.params, want.model_state))):
+        assert parity.max_rel_diff(a, b) <= 1e-9
+
+
+def tiny_split(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    return data.Split(rng.random((n, 28, 28, 1), np.float32), rng.integers(0, 10, n).astype(np.int32))
+
+
+def test_drop_remainder_skips_the_partial_batch():
+    split = tiny_split(50)
+    kept = train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=1, log=lambda _: None)
+    dropped = train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=1,
+                          drop_remainder=True, log=lambda _: None)
+    assert kept["epochs"][0]["train_acc"] * 50 == pytest.approx(round(kept["epochs"][0]["train_acc"] * 50))
+    assert dropped["epochs"][0]["train_acc"] * 48 == pytest.approx(round(dropped["epochs"][0]["train_acc"] * 48))
+
+
+def test_a_non_finite_step_stops_training_naming_epoch_and_step(tmp_path):
+    split = tiny_split()
+    with pytest.raises(train.NonFiniteError, match=r"non-finite at epoch 1, step \d+; .*lower --lr"):
+        train.train(LENET, split, split, get_devices(2), batch_size=8, lr=1e30, epochs=2,
+                    checkpoint_dir=str(tmp_path), checkpoint_every=1, log=lambda _: None)
+    kept = checkpoint.Checkpointer(tmp_path, {}).manager.latest_step()
+    assert kept is not None  # The last good checkpoint is still there ...
+    snap = restore(tmp_path)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(snap.state))  # ... and finite.
+
+
+def test_the_step_leaves_the_state_alone_once_it_is_not_finite():
+    batch = padded_and_exact(8, 2)[0]
+    batch["image"][0, 0, 0, 0] = np.nan
+    tx = optax.sgd(0.1)
+    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(2)))
+    b = steps.backend
+    state0 = train.init_state(LENET, tx, jax.random.key(0))
+    state, metrics = steps.train_batch(b.replicate(state0), b.replicate(train.zero_metrics()), b.shard(batch))
+    m = b.unreplicate(metrics)
+    assert m["first_bad"] == 0 and m["steps"] == 1
+    for a, c in zip(jax.tree.leaves(b.unreplicate(state)), jax.tree.leaves(state0)):
+        np.testing.assert_array_equal(a, c)
+
+
+def restore(directory):
+    """The latest snapshot in directory, whatever run wrote it."""
+    ckpt = checkpoint.Checkpointer(directory, {})
+    step = ckpt.manager.latest_step()
+    import orbax.checkpoint as ocp
+    arrays = ckpt.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
+    return checkpoint.Snapshot(arrays["arrays"]["state"], None, None, None, None, None, step, None)
+
+
+def test_same_seed_same_devices_gives_bitwise_identical_params():
+    split = tiny_split()
+    runs = [train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=2, seed=3,
+                        log=lambda _: None)["state"] for _ in range(2)]
+    for a, b in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
+        np.testing.assert_array_equal(a, b)
+
+
+CLI = ["--devices", "2", "--epochs", "2", "--train-examples", "2000", "--test-examples", "200",
+       "--batch-size", "32", "--checkpoint-every", "5", "--no-progress"]
+
+
+def start(tmp_dir, *extra):
+    return subprocess.Popen([sys.executable, "-m", "experiments.lenet", *CLI, "--checkpoint-dir",
+                             str(tmp_dir), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_for_checkpoint(directory, at_least, proc):
+    """Block until a checkpoint of step >= at_least exists in directory (the run's folder)."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        steps = [int(p.name) for d in Path(directory).glob("*dev-*") for p in d.iterdir()
+                 if p.name.isdigit()]
+        if steps and max(steps) >= at_least:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise TimeoutError(f"no checkpoint of step {at_least} in {directory}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Final params of the CLI run, never interrupted."""
+    directory = tmp_path_factory.mktemp("straight")
+    proc = start(directory)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return restore(next(Path(directory).glob("*dev-*")))
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, uninterrupted, how):
+    proc = start(tmp_path)
+    wait_for_checkpoint(tmp_path, 10, proc)
+    proc.send_signal(how)
+    out, err = proc.communicate(timeout=120)
+    if how == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:  # Stopped cleanly: one line, a checkpoint at that step, exit code 128 + signal.
+        assert proc.returncode == 128 + how, err
+        assert err.count("\n") == 1 and "checkpoint saved in" in err and "--resume" in err
+    resumed = start(tmp_path, "--resume")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert "resuming from" in out
+    final = restore(next(tmp_path.glob("*dev-*")))
+    assert final.global_step == uninterrupted.global_step
+    for a, b in zip(jax.tree.leaves(final.state), jax.tree.leaves(uninterrupted.state)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resuming_with_other_flags_is_refused(tmp_path):
+    split = tiny_split()
+    kwargs = dict(batch_size=16, epochs=1, checkpoint_dir=str(tmp_path), log=lambda _: None)
+    train.train(LENET, split, split, get_devices(2), **kwargs)
+    with pytest.raises(ValueError, match=r"is of another run \(\{'batch_size': 16\}\)"):
+        train.train(LENET, split, split, get_devices(2), **{**kwargs, "batch_size": 32}, resume=True)
+
+
+def test_a_wedged_step_ends_the_run_with_one_line_and_exit_code_3(tmp_path):
+    script = tmp_path / "wedged.py"
+    script.write_text(
+        "import time, jax\n"
+        "from jax_dp import dispatch\n"
+        "dispatch.jax.block_until_ready = lambda tree: time.sleep(3600)  # A collective that never returns.\n"
+        "queue = dispatch.InFlight(timeout_s=1)\n"
+        "for i in range(5):\n"
+        "    queue.add(jax.numpy.ones(3), f'step {i + 1} of epoch 1')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == dispatch.WEDGED_EXIT_CODE
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: step 1 of epoch 1 did not finish within 1 s")
