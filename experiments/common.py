@@ -53,8 +53,11 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
                    help="SGD learning rate: one, or one per run")
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--seed", type=int, default=0, help="seed of params and data order")
-    p.add_argument("--backend", default="pmap", choices=["pmap", "single"],
-                   help="how steps run over the devices ('single' needs --devices 1)")
+    p.add_argument("--backend", default="pmap", choices=["pmap", "shard_map", "jit", "single"],
+                   help="how steps run over the devices: jax.pmap (the book's), jax.shard_map, "
+                        "jax.jit with NamedSharding, or one device ('single', --devices 1)")
+    p.add_argument("--allreduce", default="psum", choices=["psum", "star", "ring"],
+                   help="how gradients are summed under pmap: lax.psum, the book's star, or a ring")
     p.add_argument("--train-examples", type=int,
                    help="train on the first N training examples only (default: all 60,000)")
     p.add_argument("--test-examples", type=int,
@@ -97,6 +100,9 @@ def train_runs(args, model_name: str, **model_options) -> None:
     batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
     for batch_size, lr in zip(batch_sizes, lrs):
         train.check_hyperparameters(batch_size, lr, args.epochs)
+    if model_options.get("bn") == "local" and args.backend not in ("pmap", "single"):
+        raise ValueError("--bn local keeps statistics per device, which only --backend pmap "
+                         "can hold; use --backend pmap")
     model = models.get_model(model_name, **model_options)
     device_sets = devices.setup_devices(args.devices)
     train_data, test_data = load_data(args)
@@ -110,7 +116,7 @@ def train_runs(args, model_name: str, **model_options) -> None:
                           drop_remainder=args.drop_remainder, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
                           step_timeout=args.step_timeout, progress=args.progress,
-                          name=model_name)
+                          name=model_name, grad_allreduce=args.allreduce)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         print(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "

@@ -59,6 +59,18 @@ def split_and_load(data: Any, devices: Sequence[jax.Device]) -> Any:
     return jax.tree.map(split, data)
 
 
+def reduced(params: Any, axis_name: str | None) -> Any:
+    """Params as the step differentiates them: replicated, with per-device gradients.
+
+    Differentiating a "reduced" view of replicated params gives each device its own
+    partial ("unreduced") gradient, which allreduce then sums exactly once. Under
+    shard_map's type checks this is required (the plain replicated params' gradient
+    would arrive already summed, and a psum would count it k times); under pmap it
+    changes nothing.
+    """
+    return params if axis_name is None else lax.pcast(params, axis_name, to="reduced")
+
+
 def allreduce(tree: Any, axis_name: str | None = AXIS) -> Any:
     """Sum every leaf over the devices of axis_name (identity when axis_name is None)."""
     return tree if axis_name is None else lax.psum(tree, axis_name)

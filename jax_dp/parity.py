@@ -59,7 +59,8 @@ def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *,
     reference's by max_rel_diff; each step is timed to completion, apart from compiling.
     """
     tx = optax.sgd(lr)
-    init = cast(train.init_state(model, tx, jax.random.key(seed)), dtype)
+    # On the host, so each backend places (and may donate) its own copy.
+    init = jax.device_get(cast(train.init_state(model, tx, jax.random.key(seed)), dtype))
     runners = [_Runner(model, tx, c, init, batches[0], dtype)
                for c in [Config("single", 1), *configs]]
     reference, others = runners[0], runners[1:]

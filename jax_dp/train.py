@@ -15,10 +15,11 @@ import tqdm
 
 from jax_dp import data as data_lib
 from jax_dp import dispatch
+from jax_dp.allreduce import ALLREDUCES
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer, Snapshot
 from jax_dp.models import Model
-from jax_dp.parallel import allreduce
+from jax_dp.parallel import allreduce, reduced
 
 
 class TrainState(NamedTuple):
@@ -63,14 +64,16 @@ def _add(metrics, new):
 
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-               tx: optax.GradientTransformation, axis_name: str | None) -> tuple[TrainState, dict]:
+               tx: optax.GradientTransformation, axis_name: str | None,
+               grad_allreduce: Callable = allreduce) -> tuple[TrainState, dict]:
     """One SGD step on this device's shard of a global batch.
 
     The book's convention: each device sums the cross-entropy over its real (mask 1)
     examples, `allreduce` sums the gradients over the devices, and the sum is divided
     by the number of real examples in the *global* batch, so every replica applies the
-    same update as one device would on the whole batch. With axis_name None the same
-    function is the single-device step. Once a step's loss or gradients are not finite,
+    same update as one device would on the whole batch (grad_allreduce may be one of
+    jax_dp.allreduce's hand-made ones). With axis_name None the same function is the
+    single-device step. Once a step's loss or gradients are not finite,
     this and later steps of the epoch leave the state as it was (metrics say where).
     """
     x, y, mask = batch["image"], batch["label"], batch["mask"]
@@ -82,9 +85,11 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         return jnp.sum(losses * mask), (logits, model_state)
 
     (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
+        reduced(state.params, axis_name))
     new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
-    grads = jax.tree.map(lambda g: g / new["count"], allreduce(grads, axis_name))
+    if axis_name is not None:
+        grads = grad_allreduce(grads, axis_name)
+    grads = jax.tree.map(lambda g: g / new["count"], grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
 
@@ -114,9 +119,19 @@ class Steps(NamedTuple):
     evaluate: Callable
 
 
-def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend) -> Steps:
-    """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated."""
-    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name)
+def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
+               grad_allreduce: str = "psum") -> Steps:
+    """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
+
+    grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
+    """
+    if grad_allreduce not in ALLREDUCES:
+        raise ValueError(f"unknown --allreduce {grad_allreduce!r}: use one of {', '.join(ALLREDUCES)}")
+    if grad_allreduce != "psum" and backend.name != "pmap":
+        raise ValueError(f"--allreduce {grad_allreduce} is written for the pmap backend; "
+                         "use --backend pmap")
+    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
+                                 grad_allreduce=ALLREDUCES[grad_allreduce])
     eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
     return Steps(backend, backend.compile(train_fn, donate_argnums=(0,)),
                  backend.compile(eval_fn))
@@ -186,6 +201,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
           lr: float = 0.2, epochs: int = 4, seed: int = 0, drop_remainder: bool = False,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           step_timeout: float | None = None, progress: bool = False, name: str = "",
+          grad_allreduce: str = "psum",
           log: Callable[[str], None] = print) -> dict:
     """Train model with SGD on devices, printing the book's line per epoch.
 
@@ -193,7 +209,8 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
       model: the model's pure init and apply.
       train_data, test_data: host-side splits.
       devices: the devices to train on; each global batch is split over them.
-      backend: 'pmap' (the book's way) or 'single' (one device, jax.jit).
+      backend: 'pmap' (the book's way), 'shard_map', 'jit' (NamedSharding) or 'single'
+        (one device).
       batch_size: the global batch size, split evenly (padded) over the devices.
       lr: SGD learning rate, applied to the gradient averaged over the global batch.
       epochs: passes over train_data, each in a fresh order drawn from seed.
@@ -205,6 +222,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
       step_timeout: end the process (exit code 3) if a step takes longer than this.
       progress: show a progress bar (images/s, time left) within each epoch.
       name: the model's name, recorded in checkpoints so a resume cannot mix models.
+      grad_allreduce: 'psum', or the hand-made 'star' (the book's) or 'ring' (pmap only).
       log: where the per-epoch lines go.
 
     Returns:
@@ -220,7 +238,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
     tx = optax.sgd(lr)
     key = jax.random.key(seed)
     init_key, order_key = jax.random.split(key)
-    steps = make_steps(model, tx, make_backend(backend, devices))
+    steps = make_steps(model, tx, make_backend(backend, devices), grad_allreduce)
     dp = steps.backend
     state = dp.replicate(init_state(model, tx, init_key))
     n = len(train_data.labels)
