@@ -59,16 +59,18 @@ def split_and_load(data: Any, devices: Sequence[jax.Device]) -> Any:
     return jax.tree.map(split, data)
 
 
-def reduced(params: Any, axis_name: str | None) -> Any:
+def reduced(params: Any, axis_name: str | None, sharded: jax.Array) -> Any:
     """Params as the step differentiates them: replicated, with per-device gradients.
 
-    Differentiating a "reduced" view of replicated params gives each device its own
-    partial ("unreduced") gradient, which allreduce then sums exactly once. Under
-    shard_map's type checks this is required (the plain replicated params' gradient
-    would arrive already summed, and a psum would count it k times); under pmap it
-    changes nothing.
+    Under shard_map's type checks (`sharded`, a shard of the batch, is typed as varying
+    over axis_name), the gradient of plain replicated params arrives already summed, so
+    a psum would count it k times; differentiating a "reduced" view instead gives each
+    device its partial ("unreduced") gradient, which allreduce sums exactly once. pmap
+    and vmap check no types and need nothing.
     """
-    return params if axis_name is None else lax.pcast(params, axis_name, to="reduced")
+    if axis_name is None or axis_name not in jax.typeof(sharded).mat.varying:
+        return params
+    return lax.pcast(params, axis_name, to="reduced")
 
 
 def allreduce(tree: Any, axis_name: str | None = AXIS) -> Any:

@@ -85,7 +85,7 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         return jnp.sum(losses * mask), (logits, model_state)
 
     (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        reduced(state.params, axis_name))
+        reduced(state.params, axis_name, x))
     new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
     if axis_name is not None:
         grads = grad_allreduce(grads, axis_name)
