@@ -74,6 +74,10 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch")
     p.add_argument("--json", type=Path, help="write the per-epoch history here")
+    p.add_argument("--coordinator", help="HOST:PORT of process 0, for a multi-process run "
+                   "(default: $JAX_COORDINATOR_ADDRESS)")
+    p.add_argument("--num-processes", type=int, help="processes in the run ($JAX_NUM_PROCESSES)")
+    p.add_argument("--process-id", type=int, help="this process's rank ($JAX_PROCESS_ID)")
     p.add_argument("--data", default="debian", choices=["debian", "tfds"],
                    help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
     p.add_argument("--data-source", default="/usr/share/datasets/fashion-mnist",
@@ -93,9 +97,11 @@ def load_data(args):
 
 def train_runs(args, model_name: str, **model_options) -> None:
     """Train model_name once per device count, printing the book's lines; write --json."""
-    from jax_dp import devices, models, train  # After flags: JAX must not start first.
+    from jax_dp import devices, distributed, models, train  # After flags: JAX must not start first.
 
-    check_writable(args.json)
+    processes = distributed.requested_processes(args.num_processes)
+    primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
+    check_writable(args.json if primary else None)
     n = len(args.devices)
     batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
     for batch_size, lr in zip(batch_sizes, lrs):
@@ -104,25 +110,30 @@ def train_runs(args, model_name: str, **model_options) -> None:
         raise ValueError("--bn local keeps statistics per device, which only --backend pmap "
                          "can hold; use --backend pmap")
     model = models.get_model(model_name, **model_options)
-    device_sets = devices.setup_devices(args.devices)
+    device_sets = devices.setup_devices(args.devices, processes=processes, start=lambda:
+                                        distributed.initialize(args.coordinator, args.num_processes,
+                                                               args.process_id))
+    primary = distributed.is_primary()
     train_data, test_data = load_data(args)
     runs = []
+    log = print if primary else (lambda line: None)
     for devs, batch_size, lr in zip(device_sets, batch_sizes, lrs):
-        print(f"training on {len(devs)} device(s) ({', '.join(map(str, devs))}), "
-              f"batch size {batch_size}, lr {lr}")
+        log(f"training on {len(devs)} device(s) ({', '.join(map(str, devs))}), "
+            f"batch size {batch_size}, lr {lr}")
         ckpt = args.checkpoint_dir and f"{args.checkpoint_dir}/{len(devs)}dev-bs{batch_size}-lr{lr}"
         run = train.train(model, train_data, test_data, devs, backend=args.backend,
                           batch_size=batch_size, lr=lr, epochs=args.epochs, seed=args.seed,
                           drop_remainder=args.drop_remainder, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
-                          step_timeout=args.step_timeout, progress=args.progress,
-                          name=model_name, grad_allreduce=args.allreduce)
+                          step_timeout=args.step_timeout, progress=args.progress and primary,
+                          name=model_name, grad_allreduce=args.allreduce, log=log)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
-        print(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
-              f"on {len(devs)} device(s)")
+        log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
+            f"on {len(devs)} device(s)")
         runs.append(run)
-    write_json(args.json, {"model": model_name, **model_options, "runs": runs})
+    if primary:
+        write_json(args.json, {"model": model_name, **model_options, "runs": runs})
 
 
 def check_writable(path: Path | None) -> None:

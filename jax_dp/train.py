@@ -336,5 +336,10 @@ def _compile(steps: Steps, state: TrainState, size: int, image_shape) -> Steps:
     batch = backend.shard({"image": np.zeros((size,) + image_shape, np.float32),
                            "label": np.zeros(size, np.int32), "mask": np.ones(size, np.float32)})
     metrics = backend.replicate(zero_metrics())
-    return steps._replace(train_batch=steps.train_batch.lower(state, metrics, batch).compile(),
-                          evaluate=steps.evaluate.lower(state, metrics, batch).compile())
+    train_batch = steps.train_batch.lower(state, metrics, batch).compile()
+    evaluate = steps.evaluate.lower(state, metrics, batch).compile()
+    if jax.process_count() > 1:
+        # pmap's compiled form cannot take process-local arrays: keep the wrapped steps,
+        # which find these executables in JAX's compilation cache.
+        return steps
+    return steps._replace(train_batch=train_batch, evaluate=evaluate)

@@ -10,13 +10,24 @@ from jax_dp.backends import Backend
 
 
 def make(devices: tuple[jax.Device, ...]) -> Backend:
-    """A Backend that pmaps a per-shard step over devices along parallel.AXIS."""
+    """A Backend that pmaps a per-shard step over devices along parallel.AXIS.
+
+    In a multi-process run, devices spans every process; each process places values on
+    its own devices only and feeds them its slice of every global batch.
+    """
+    local = tuple(d for d in devices if d.process_index == jax.process_index())
+    process, processes = jax.process_index(), len({d.process_index for d in devices})
+
+    def shard(batch):
+        size = len(jax.tree.leaves(batch)[0]) // processes
+        mine = jax.tree.map(lambda x: x[process * size:(process + 1) * size], batch)
+        return parallel.split_and_load(mine, local)
+
     return Backend(
         name="pmap", devices=devices, axis_name=parallel.AXIS,
-        replicate=lambda tree: parallel.get_params(tree, devices),
-        shard=lambda tree: parallel.split_and_load(tree, devices),
+        replicate=lambda tree: parallel.get_params(tree, local), shard=shard,
         unreplicate=parallel.unreplicate,
         compile=lambda fn, donate_argnums=(): jax.pmap(
             fn, axis_name=parallel.AXIS, devices=devices, donate_argnums=donate_argnums),
         to_host=lambda tree: jax.tree.map(np.asarray, tree),
-        from_host=lambda tree: jax.device_put(tree, parallel.device_sharding(devices)))
+        from_host=lambda tree: jax.device_put(tree, parallel.device_sharding(local)))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from jax_dp.backends import Backend
+from jax_dp.backends.mesh import placement
 from jax_dp.parallel import AXIS
 
 
@@ -18,15 +18,12 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
     or varying over AXIS; the step differentiates a "reduced" view of the params so its
     gradients are "unreduced" partial sums that the explicit psum completes once.
     """
-    mesh = Mesh(np.array(devices), (AXIS,))
-    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-    to_host = lambda tree: jax.tree.map(np.asarray, tree)
-    replicate = lambda tree: jax.device_put(tree, replicated)
+    place = placement(devices)
 
     def compile(fn, donate_argnums=()):
-        mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(), P(AXIS)), out_specs=P())
+        mapped = jax.shard_map(fn, mesh=place.mesh, in_specs=(P(), P(), P(AXIS)), out_specs=P())
         return jax.jit(mapped, donate_argnums=donate_argnums)
 
-    return Backend(name="shard_map", devices=devices, axis_name=AXIS, replicate=replicate,
-                   shard=lambda tree: jax.device_put(tree, split), unreplicate=to_host,
-                   compile=compile, to_host=to_host, from_host=replicate)
+    return Backend(name="shard_map", devices=devices, axis_name=AXIS, replicate=place.replicate,
+                   shard=place.shard, unreplicate=place.to_host, compile=compile,
+                   to_host=place.to_host, from_host=place.replicate)

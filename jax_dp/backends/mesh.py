@@ -1,0 +1,44 @@
+"""Placement on a one-axis Mesh, shared by the shard_map and jit backends; multi-process aware."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jax_dp.parallel import AXIS
+
+
+class MeshPlacement(NamedTuple):
+    """The mesh, its two shardings, and how host trees become global arrays and back."""
+    mesh: Mesh
+    replicated: NamedSharding
+    split: NamedSharding
+
+    def replicate(self, tree: Any) -> Any:
+        """Every leaf, whole, on every device (each process passes the same host values)."""
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+            self.replicated, np.asarray(x)), tree)
+
+    def shard(self, batch: Any) -> Any:
+        """A global batch [B, ...] split along B; each process feeds only its own rows."""
+        processes, me = jax.process_count(), jax.process_index()
+
+        def place(x):
+            x = np.asarray(x)
+            size = len(x) // processes
+            return jax.make_array_from_process_local_data(self.split, x[me * size:(me + 1) * size],
+                                                          x.shape)
+        return jax.tree.map(place, batch)
+
+    def to_host(self, tree: Any) -> Any:
+        """A replicated tree on the host, read from this process's first device."""
+        return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+def placement(devices: tuple[jax.Device, ...]) -> MeshPlacement:
+    """Placement over devices, in their order, along AXIS."""
+    mesh = Mesh(np.array(devices), (AXIS,))
+    return MeshPlacement(mesh, NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS)))

@@ -1,0 +1,73 @@
+"""Several processes, one run: 2 processes x 2 CPU devices train like 1 process x 4."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jax_dp import checkpoint, parity
+
+FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", "--epochs", "2",
+         "--batch-size", "64", "--no-progress"]
+
+
+def final_state(directory):
+    """Params and optimizer state of the run's last checkpoint."""
+    import orbax.checkpoint as ocp
+
+    (run_dir,) = Path(directory).glob("*dev-*")
+    ckpt = checkpoint.Checkpointer(run_dir, {})
+    step = ckpt.manager.latest_step()
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
+    return step, restored["arrays"]["state"]
+
+
+def lenet(*flags, processes=None):
+    command = [sys.executable, "-m", "experiments.lenet", *FLAGS, *flags]
+    if processes:
+        command = [sys.executable, "-m", "experiments.launch", "--processes", str(processes), "--", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "jit"])
+def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path, backend):
+    two = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / "two"),
+                "--json", str(tmp_path / "two.json"), processes=2)
+    assert two.returncode == 0, two.stderr
+    one = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    assert two.stdout.count("epoch 1, time") == 1  # Process 0 alone prints ...
+    assert json.loads((tmp_path / "two.json").read_text())["runs"][0]["devices"] == 4  # ... and writes.
+    (step_two, two_state), (step_one, one_state) = final_state(tmp_path / "two"), final_state(tmp_path / "one")
+    assert step_two == step_one == 2 * 10
+    # The same per-device work; only the cross-process sum (gloo) adds in another order.
+    assert parity.max_rel_diff(two_state, one_state) <= 1e-6
+
+
+def test_resnet18_runs_as_two_processes():
+    proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
+                           sys.executable, "-m", "experiments.resnet18", "--devices", "2",
+                           "--batch-size", "8", "--lr", "0.1", "--epochs", "1", "--train-examples", "16",
+                           "--test-examples", "8", "--no-progress"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "test acc:" in proc.stdout and "on 2 device(s)" in proc.stdout
+
+
+def test_the_launcher_stops_every_rank_and_passes_on_a_failure():
+    proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
+                           sys.executable, "-c",
+                           "import os, sys, time; r = int(os.environ['JAX_PROCESS_ID']); "
+                           "sys.exit(3) if r == 1 else time.sleep(600)"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+
+
+def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
+    proc = lenet("--devices", "3", processes=2)
+    assert proc.returncode == 2
+    assert "--devices 3 does not split over 2 processes" in proc.stderr
