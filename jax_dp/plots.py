@@ -66,3 +66,23 @@ def plot_history(payload: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_benchmark(result: dict, path: Path) -> None:
+    """Images/s against device count, one line per training path, PyTorch as a line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["path"] for r in result["runs"] if r["path"].startswith("jax")):
+        runs = sorted((r for r in result["runs"] if r["path"] == name), key=lambda r: r["devices"])
+        ax.plot([r["devices"] for r in runs], [r["images_per_s"] for r in runs], marker="o", label=name)
+    for r in result["runs"]:
+        if r["path"].startswith("pytorch"):
+            ax.axhline(r["images_per_s"], color="gray", linestyle="--", label=r["path"])
+    ax.set(xlabel="simulated devices", ylabel="images/s", xscale="log",
+           title=f"{result['model']} training, batch {result['batch_size']}")
+    ax.set_xticks(sorted({r["devices"] for r in result["runs"]}))
+    ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

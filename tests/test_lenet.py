@@ -35,3 +35,38 @@ def test_layers_compute_what_the_book_says():
     params = jax.tree.map(jnp.zeros_like, init_lenet(jax.random.key(0)))
     params["fc2"]["b"] = jnp.arange(10.0)  # All weights zero: logits are the last bias.
     np.testing.assert_array_equal(lenet(params, jnp.ones((2, 28, 28, 1))), np.tile(np.arange(10.0), (2, 1)))
+
+
+def test_im2col_convolution_equals_lax_conv():
+    from jax_dp.models.lenet import conv2d, conv2d_im2col
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.random((3, 13, 13, 20), np.float32))
+    layer = {"w": jnp.asarray(rng.normal(size=(5, 5, 20, 50)).astype(np.float32)),
+             "b": jnp.asarray(rng.normal(size=50).astype(np.float32))}
+    # Sums of 500 products in another order: float32 round-off of ~sqrt(500) ulps of the terms.
+    np.testing.assert_allclose(conv2d_im2col(x, layer), conv2d(x, layer), rtol=1e-5, atol=1e-4)
+
+
+def test_the_fast_path_trains_to_the_readable_paths_params_after_20_steps():
+    import optax
+
+    from jax_dp import models, parity, train
+    from jax_dp.backends import make_backend
+    from jax_dp.devices import get_devices
+
+    rng = np.random.default_rng(0)
+    batches = [{"image": rng.random((64, 28, 28, 1), np.float32),
+                "label": rng.integers(0, 10, 64).astype(np.int32), "mask": np.ones(64, np.float32)}
+               for _ in range(20)]
+    finals = []
+    for conv in ("xla", "im2col"):
+        model, tx = models.get_model("lenet", conv=conv), optax.sgd(0.2)
+        steps = train.make_steps(model, tx, make_backend("pmap", get_devices(2)))
+        state = steps.backend.replicate(train.init_state(model, tx, jax.random.key(0)))
+        metrics = steps.backend.replicate(train.zero_metrics())
+        for batch in batches:
+            state, metrics = steps.train_batch(state, metrics, steps.backend.shard(batch))
+        finals.append(steps.backend.unreplicate(state.params))
+    # The same bound as k devices against one (experiments.compare): re-associated sums.
+    assert parity.max_rel_diff(finals[1], finals[0]) <= 1e-6

@@ -1,0 +1,143 @@
+"""How fast is training here, against PyTorch on the same machine, batches and allocator?
+
+Run: `python -m experiments.benchmark --model lenet --peer torch` times every training path
+(LeNet: the readable lax.conv and the im2col fast path) on 1, 2, 4 and 8 simulated devices,
+each in a fresh process, beside PyTorch and the machine's measured float32 matmul ceiling.
+Figures are medians of --repeats runs of --steps steps; compile time is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments import common
+
+# name -> (model options, XLA_FLAGS): the ways each model can be trained here.
+PATHS = {
+    "lenet": {"readable": ({"conv": "xla"}, ""), "im2col": ({"conv": "im2col"}, "")},
+    "resnet18": {"default": ({}, ""), "onednn": ({}, "--xla_cpu_use_onednn=true")},
+}
+DEFAULTS = {"lenet": {"devices": "1,2,4,8", "steps": 100, "batch_size": 256},
+            "resnet18": {"devices": "1,2", "steps": 3, "batch_size": 256}}
+EPOCH = 60_000
+
+
+def worker(spec: dict) -> dict:
+    """Time one configuration in this (fresh) process; returns its measurements."""
+    from jax_dp import data
+
+    split = data.load_fashion_mnist("train", limit=spec["steps"] * spec["batch_size"])
+    batches = list(data.batches(split, spec["batch_size"]))
+    if spec["kind"] == "torch":
+        from jax_dp import torch_peer
+
+        return torch_peer.time_steps(spec["model"], batches, spec["repeats"], threads=os.cpu_count())
+    from jax_dp import benchmark, devices, models
+
+    devices.simulate_cpu_devices(spec["devices"])
+    model = models.get_model(spec["model"], **spec["options"])
+    result = benchmark.time_steps(model, "pmap", devices.get_devices(spec["devices"]), batches,
+                                  spec["repeats"])
+    return {**result, "flops_per_step": benchmark.step_flops(model, spec["batch_size"])}
+
+
+def spawn(spec: dict, xla_flags: str = "") -> dict:
+    """Run worker(spec) in a new Python process (its own device count and XLA flags)."""
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip()}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--worker", json.dumps(spec)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise ValueError(f"benchmark worker {spec} failed: {proc.stderr.strip().splitlines()[-1]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(args) -> None:
+    """Time every path and device count (and the peer), then print and save the table."""
+    import numpy as np
+
+    from jax_dp import benchmark
+
+    common.check_writable(args.json)
+    common.check_writable(args.plot)
+    d = DEFAULTS[args.model]
+    devices = args.devices or common.comma_list(int, "counts")(d["devices"])
+    steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
+    if min(devices) < 1 or steps < 1 or batch_size < 1 or args.repeats < 1:
+        raise ValueError("--devices, --steps, --batch-size and --repeats must be positive")
+    paths = args.paths or list(PATHS[args.model])
+    unknown = set(paths) - set(PATHS[args.model])
+    if unknown:
+        raise ValueError(f"unknown --paths {sorted(unknown)} for {args.model}: use {', '.join(PATHS[args.model])}")
+    ceiling = benchmark.matmul_ceiling()
+    print(f"float32 matmul ceiling (numpy, 2048^2): {ceiling:.0f} GFLOP/s; "
+          f"allocator: {os.environ.get('LD_PRELOAD') or 'glibc malloc'}", flush=True)
+    base = {"model": args.model, "steps": steps, "batch_size": batch_size, "repeats": args.repeats}
+    rows = []
+    if args.peer == "torch":
+        result = spawn({**base, "kind": "torch"})
+        rows.append({"path": f"pytorch {result['version']}", "devices": 1, **result})
+        print(f"measured {rows[-1]['path']}", flush=True)
+    for path in paths:
+        options, flags = PATHS[args.model][path]
+        for k in devices:
+            result = spawn({**base, "kind": "jax", "options": options, "devices": k}, flags)
+            rows.append({"path": f"jax {path}", "devices": k, "xla_flags": flags, **result})
+            print(f"measured jax {path} on {k} device(s)", flush=True)
+    flops = next(r["flops_per_step"] for r in rows if "flops_per_step" in r)
+    peer = next((r for r in rows if r["path"].startswith("pytorch")), None)
+    for row in rows:
+        step_s = float(np.median(row["step_s"]))
+        row.update(step_s_median=step_s, images_per_s=batch_size / step_s,
+                   epoch_s=EPOCH / batch_size * step_s,
+                   fraction_of_ceiling=flops / step_s / 1e9 / ceiling)
+        if peer:
+            row["time_vs_peer"] = step_s / float(np.median(peer["step_s"]))
+    result = {**base, "matmul_ceiling_gflops": ceiling, "flops_per_step": flops, "runs": rows}
+    print(table(result))
+    common.write_json(args.json, result)
+    if args.plot:
+        from jax_dp import plots
+
+        plots.plot_benchmark(result, args.plot)
+
+
+def table(result: dict) -> str:
+    """The measurements as a Markdown table."""
+    per = "epoch (60k images)" if result["model"] == "lenet" else f"step (batch {result['batch_size']})"
+    lines = [f"{result['model']}, global batch {result['batch_size']}, median of {result['repeats']} "
+             f"x {result['steps']} steps; ceiling {result['matmul_ceiling_gflops']:.0f} GFLOP/s",
+             "", f"| path | devices | images/s | s per {per} | compile s | % of matmul ceiling "
+             "| time vs PyTorch |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["runs"]:
+        seconds = r["epoch_s"] if result["model"] == "lenet" else r["step_s_median"]
+        compile_s = f"{r['compile_s']:.1f}" if "compile_s" in r else "-"
+        ratio = f"{r['time_vs_peer']:.2f}x" if "time_vs_peer" in r else "-"
+        lines.append(f"| {r['path']} | {r['devices']} | {r['images_per_s']:.0f} | {seconds:.2f} "
+                     f"| {compile_s} | {100 * r['fraction_of_ceiling']:.0f}% | {ratio} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        print(json.dumps(worker(json.loads(sys.argv[2]))))
+        sys.exit(0)
+    p = common.OneLineParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0],
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="lenet", choices=sorted(PATHS))
+    p.add_argument("--devices", type=common.comma_list(int, "counts"),
+                   help="simulated device counts (default: lenet 1,2,4,8; resnet18 1,2)")
+    p.add_argument("--paths", type=common.comma_list(str, "names"),
+                   help="training paths (lenet: readable,im2col; resnet18: default,onednn)")
+    p.add_argument("--steps", type=int, help="steps per timed run (default: lenet 100, resnet18 3)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; figures are their median")
+    p.add_argument("--batch-size", type=int, help="global batch size (default 256)")
+    p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
+    p.add_argument("--json", type=Path, help="write every measurement here")
+    p.add_argument("--plot", type=Path, help="write a PNG of throughput against devices here")
+    common.run(main, p)
