@@ -73,7 +73,14 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
                    help="seconds one step may take before the run is declared wedged (exit 3)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch")
+    p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],
+                   help="linear: multiply each run's lr by its batch size / --base-batch-size")
+    p.add_argument("--base-batch-size", type=int, default=256,
+                   help="the batch size the given --lr is meant for, for --lr-scaling linear")
+    p.add_argument("--warmup-epochs", type=float, default=0.0,
+                   help="raise the learning rate linearly from 0 over this many epochs")
     p.add_argument("--json", type=Path, help="write the per-epoch history here")
+    p.add_argument("--plot", type=Path, help="write a PNG of loss, accuracy and epoch time here")
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for a multi-process run "
                    "(default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, help="processes in the run ($JAX_NUM_PROCESSES)")
@@ -102,8 +109,13 @@ def train_runs(args, model_name: str, **model_options) -> None:
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)
+    check_writable(args.plot if primary else None)
+    if args.base_batch_size < 1:
+        raise ValueError(f"--base-batch-size must be at least 1, got {args.base_batch_size}")
     n = len(args.devices)
     batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
+    if args.lr_scaling == "linear":  # Goyal et al.: lr grows with the batch.
+        lrs = [lr * b / args.base_batch_size for lr, b in zip(lrs, batch_sizes)]
     for batch_size, lr in zip(batch_sizes, lrs):
         train.check_hyperparameters(batch_size, lr, args.epochs)
     if model_options.get("bn") == "local" and args.backend not in ("pmap", "single"):
@@ -126,14 +138,20 @@ def train_runs(args, model_name: str, **model_options) -> None:
                           drop_remainder=args.drop_remainder, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
                           step_timeout=args.step_timeout, progress=args.progress and primary,
-                          name=model_name, grad_allreduce=args.allreduce, log=log)
+                          name=model_name, grad_allreduce=args.allreduce,
+                          warmup_epochs=args.warmup_epochs, log=log)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
             f"on {len(devs)} device(s)")
         runs.append(run)
     if primary:
-        write_json(args.json, {"model": model_name, **model_options, "runs": runs})
+        payload = {"model": model_name, **model_options, "runs": runs}
+        write_json(args.json, payload)
+        if args.plot:
+            from jax_dp import plots
+
+            plots.plot_history(payload, args.plot)
 
 
 def check_writable(path: Path | None) -> None:

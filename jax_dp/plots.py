@@ -59,6 +59,8 @@ def plot_history(payload: dict, path: Path) -> None:
     labels = [f"{r['devices']} dev\nbs {r['batch_size']}" for r in payload["runs"]]
     times = [sum(e["time_s"] for e in r["epochs"]) / len(r["epochs"]) for r in payload["runs"]]
     axes[2].bar(range(len(times)), times, tick_label=labels)
+    for ax in axes[:2]:
+        ax.set_xticks(sorted({e["epoch"] for r in payload["runs"] for e in r["epochs"]}))
     axes[0].set(xlabel="epoch", ylabel="train loss", title=payload["model"])
     axes[1].set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
     axes[2].set(ylabel="seconds per epoch", title="epoch time")

@@ -201,7 +201,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
           lr: float = 0.2, epochs: int = 4, seed: int = 0, drop_remainder: bool = False,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           step_timeout: float | None = None, progress: bool = False, name: str = "",
-          grad_allreduce: str = "psum",
+          grad_allreduce: str = "psum", warmup_epochs: float = 0.0,
           log: Callable[[str], None] = print) -> dict:
     """Train model with SGD on devices, printing the book's line per epoch.
 
@@ -223,6 +223,7 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
       progress: show a progress bar (images/s, time left) within each epoch.
       name: the model's name, recorded in checkpoints so a resume cannot mix models.
       grad_allreduce: 'psum', or the hand-made 'star' (the book's) or 'ring' (pmap only).
+      warmup_epochs: raise the learning rate linearly from 0 to lr over this many epochs.
       log: where the per-epoch lines go.
 
     Returns:
@@ -235,15 +236,19 @@ def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
         raise ValueError(f"--checkpoint-every must be 0 (epoch ends only) or more, got {checkpoint_every}")
     if (resume or checkpoint_every) and not checkpoint_dir:
         raise ValueError("--resume and --checkpoint-every need --checkpoint-dir")
-    tx = optax.sgd(lr)
+    if warmup_epochs < 0:
+        raise ValueError(f"--warmup-epochs must be 0 or more, got {warmup_epochs}")
+    n = len(train_data.labels)
+    warmup_steps = round(warmup_epochs * data_lib.num_batches(n, batch_size, drop_remainder))
+    tx = optax.sgd(optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr)
     key = jax.random.key(seed)
     init_key, order_key = jax.random.split(key)
     steps = make_steps(model, tx, make_backend(backend, devices), grad_allreduce)
     dp = steps.backend
     state = dp.replicate(init_state(model, tx, init_key))
-    n = len(train_data.labels)
     config = {"model": name, "backend": backend, "devices": len(devices), "batch_size": batch_size,
-              "lr": lr, "seed": seed, "drop_remainder": drop_remainder, "train_examples": n}
+              "lr": lr, "seed": seed, "drop_remainder": drop_remainder, "train_examples": n,
+              "warmup_steps": warmup_steps}
     ckpt = Checkpointer(checkpoint_dir, config) if checkpoint_dir else None
     epoch, start, history, metrics, order, global_step = 0, 0, [], None, None, 0
     snapshot = ckpt.restore(_snapshot(dp, state, dp.replicate(zero_metrics()), np.arange(n),

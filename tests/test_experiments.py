@@ -63,3 +63,23 @@ def test_bad_flags_get_one_line_and_exit_code_2(flags, message):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert proc.stderr.startswith("python -m experiments.lenet: error: ")
+
+
+def test_primitives_prints_the_books_demos():
+    proc = run("experiments.primitives")
+    assert proc.returncode == 0, proc.stderr
+    assert ("before allreduce:\n  [[1., 1.]] on cpu:0\n  [[2., 2.]] on cpu:1\n"
+            "after allreduce:\n  [[3., 3.]] on cpu:0\n  [[3., 3.]] on cpu:1") in proc.stdout
+    assert "[[12, 13, 14, 15],\n [16, 17, 18, 19],\n [20, 21, 22, 23]] on cpu:1" in proc.stdout
+    assert "replicas identical: True" in proc.stdout
+
+
+def test_lr_scaling_and_plot(tmp_path):
+    plot, out = tmp_path / "history.png", tmp_path / "runs.json"
+    proc = run("experiments.lenet", "--devices", "1,2", "--batch-size", "32,64", "--lr", "0.2",
+               "--lr-scaling", "linear", "--base-batch-size", "32", "--warmup-epochs", "0.5",
+               "--epochs", "1", "--train-examples", "256", "--test-examples", "64",
+               "--plot", str(plot), "--json", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["lr"] for r in json.loads(out.read_text())["runs"]] == [0.2, 0.4]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
