@@ -2,8 +2,9 @@
 
 Run: `python -m experiments.compare --model lenet --devices 1,2,4,8 --steps 20` steps every
 device count in lockstep from the same params on the same Fashion-MNIST batches and prints,
-per k, how far its params are from the single-device jax.jit reference. LeNet stays within
-1e-6; ResNet-18 in float32 drifts as SGD magnifies round-off, in float64 it stays ~1e-12.
+per k, how far its params are from the single-device jax.jit reference. LeNet stays near 1e-7
+(until round-off tips a ReLU input across zero); ResNet-18 in float32 drifts as SGD magnifies
+round-off; in float64 both stay below 1e-10.
 """
 
 from __future__ import annotations

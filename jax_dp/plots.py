@@ -28,23 +28,14 @@ def plot_parity(result: dict, path: Path) -> None:
             steps = range(1, len(run["per_step_max_rel_diff"]) + 1)
             left.semilogy(steps, [max(d, 1e-17) for d in run["per_step_max_rel_diff"]],
                           marker=".", label=_label(run))
-    left.set(xlabel="step", ylabel="max relative |params - reference|",
+    left.set(xlabel="step", ylabel="max relative |params - reference| (0 drawn at 1e-17)",
              title=f"{result['model']}: k devices vs 1 ({result['dtype']})")
-    left.legend()
-    backends = sorted({r["backend"] for r in result["runs"] if r["backend"] != "single"})
-    for backend in backends:
-        runs = sorted((r for r in result["runs"] if r["backend"] == backend),
-                      key=lambda r: r["devices"])
-        right.plot([r["devices"] for r in runs], [r["images_per_s"] for r in runs], marker="o",
-                   label=backend)
+    left.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    left.legend(fontsize="small", ncol=2)
     single = next(r for r in result["runs"] if r["backend"] == "single")
-    right.axhline(single["images_per_s"], color="gray", linestyle="--", label="single (jit)")
-    right.set(xlabel="devices", ylabel="images/s", title="throughput", xscale="log", xticks=[1, 2, 4, 8])
-    right.get_xaxis().set_major_formatter(plt.ScalarFormatter())
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _throughput(plt, right, _by(result["runs"], "backend", skip="single"),
+                {"single (jit)": single["images_per_s"]}, "throughput")
+    _save(plt, fig, path)
 
 
 def plot_history(payload: dict, path: Path) -> None:
@@ -65,26 +56,44 @@ def plot_history(payload: dict, path: Path) -> None:
     axes[1].set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
     axes[2].set(ylabel="seconds per epoch", title="epoch time")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_benchmark(result: dict, path: Path) -> None:
     """Images/s against device count, one line per training path, PyTorch as a line."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in dict.fromkeys(r["path"] for r in result["runs"] if r["path"].startswith("jax")):
-        runs = sorted((r for r in result["runs"] if r["path"] == name), key=lambda r: r["devices"])
-        ax.plot([r["devices"] for r in runs], [r["images_per_s"] for r in runs], marker="o", label=name)
-    for r in result["runs"]:
-        if r["path"].startswith("pytorch"):
-            ax.axhline(r["images_per_s"], color="gray", linestyle="--", label=r["path"])
-    ax.set(xlabel="simulated devices", ylabel="images/s", xscale="log",
-           title=f"{result['model']} training, batch {result['batch_size']}")
-    ax.set_xticks(sorted({r["devices"] for r in result["runs"]}))
+    jax_runs = [r for r in result["runs"] if r["path"].startswith("jax")]
+    peers = {r["path"]: r["images_per_s"] for r in result["runs"] if r["path"].startswith("pytorch")}
+    _throughput(plt, ax, _by(jax_runs, "path"), peers,
+                f"{result['model']} training, batch {result['batch_size']}")
+    _save(plt, fig, path)
+
+
+def _by(runs: list[dict], key: str, skip: str | None = None) -> dict[str, list[dict]]:
+    """Runs grouped by run[key] (in first-seen order), each group sorted by device count."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if run[key] != skip:
+            groups.setdefault(run[key], []).append(run)
+    return {name: sorted(g, key=lambda r: r["devices"]) for name, g in groups.items()}
+
+
+def _throughput(plt, ax, groups: dict[str, list[dict]], baselines: dict[str, float], title: str):
+    """Images/s against device count (log axis), a line per group, a dashed line per baseline."""
+    for name, runs in groups.items():
+        ax.plot([r["devices"] for r in runs], [r["images_per_s"] for r in runs], marker="o",
+                label=name)
+    for name, images_per_s in baselines.items():
+        ax.axhline(images_per_s, color="gray", linestyle="--", label=name)
+    ax.set(xlabel="devices", ylabel="images/s", xscale="log", title=title)
+    ax.set_xticks(sorted({r["devices"] for runs in groups.values() for r in runs}))
     ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
+    ax.get_xaxis().set_minor_formatter(plt.NullFormatter())
     ax.legend()
+
+
+def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
