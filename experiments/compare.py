@@ -42,10 +42,11 @@ def main(args) -> None:
     import jax
 
     with jax.enable_x64(dtype == "float64"):
-        result = parity.compare(models.get_model(args.model), batches,
+        result = parity.compare(models.get_model(args.model, activation=args.activation), batches,
                                 [parity.Config(b, k) for b in args.backends for k in args.devices],
                                 lr=lr, seed=args.seed, dtype=dtype)
-    result.update(model=args.model, batch_size=batch_size, lr=lr, steps=args.steps, dtype=dtype)
+    result.update(model=args.model, activation=args.activation, batch_size=batch_size, lr=lr,
+                  steps=args.steps, dtype=dtype)
     print(table(result))
     common.write_json(args.json, result)
     if args.plot:
@@ -57,8 +58,9 @@ def main(args) -> None:
 def table(result: dict) -> str:
     """The comparison as a Markdown table, one row per run."""
     ref_losses = result["runs"][0]["losses"]
-    rows = [f"{result['model']}, global batch {result['batch_size']}, lr {result['lr']}, "
-            f"{result['steps']} steps, {result['dtype']}; reference: single device (jax.jit)",
+    rows = [f"{result['model']} ({result['activation']}), global batch {result['batch_size']}, "
+            f"lr {result['lr']}, {result['steps']} steps, {result['dtype']}; "
+            "reference: single device (jax.jit)",
             "",
             "| backend | devices | max rel diff, last step | max rel diff, any step "
             "| rel L2 diff, any step | max rel loss diff | compile s | steps/s | images/s |",
@@ -87,6 +89,8 @@ if __name__ == "__main__":
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1)")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
+    p.add_argument("--activation", default="relu", choices=["relu", "softplus"],
+                   help="softplus has no kink for round-off to tip a unit across: no jumps")
     p.add_argument("--seed", type=int, default=0, help="seed of params and batches")
     p.add_argument("--json", type=Path, help="write the full result (per-step divergence) here")
     p.add_argument("--plot", type=Path, help="write a PNG of divergence and throughput here")

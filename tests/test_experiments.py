@@ -83,3 +83,28 @@ def test_lr_scaling_and_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [r["lr"] for r in json.loads(out.read_text())["runs"]] == [0.2, 0.4]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_prints_the_table_and_writes_json_and_plot(tmp_path):
+    out, plot = tmp_path / "compare.json", tmp_path / "compare.png"
+    proc = run("experiments.compare", "--devices", "1,2", "--backends", "pmap,jit", "--steps", "2",
+               "--batch-size", "8", "--json", str(out), "--plot", str(plot))
+    assert proc.returncode == 0, proc.stderr
+    assert "lenet (relu), global batch 8, lr 0.2, 2 steps, float32" in proc.stdout
+    assert "| single | 1 | reference |" in proc.stdout and "| jit | 2 | " in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["reference"] == "single"
+    assert [(r["backend"], r["devices"]) for r in result["runs"]] == [
+        ("single", 1), ("pmap", 1), ("pmap", 2), ("jit", 1), ("jit", 2)]
+    for r in result["runs"][1:]:
+        assert len(r["per_step_max_rel_diff"]) == 2 and r["max_rel_diff"] <= 1e-6
+        assert r["images_per_s"] > 0 and r["compile_s"] > 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_compare_refuses_a_batch_that_does_not_split():
+    proc = run("experiments.compare", "--devices", "1,4", "--batch-size", "6",
+               env={"JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr == ("python -m experiments.compare: error: --batch-size 6 does not split "
+                           "over 4 devices: use a multiple of every device count\n")

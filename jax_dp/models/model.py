@@ -7,6 +7,18 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 
+# ReLU as in the book; softplus is a kink-free stand-in for parity experiments: float32
+# round-off can tip a ReLU input across zero on one device count and not on another.
+ACTIVATIONS = {"relu": jax.nn.relu, "softplus": jax.nn.softplus}
+
+
+def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
+    """The activation function called name ('relu' or 'softplus')."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown --activation {name!r}: use one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
 class Model(NamedTuple):
     """init(key) -> (params, state); apply(params, state, x, mask, *, train, axis_name) -> (logits, state).
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jax_dp.models.model import Model
+from jax_dp.models.model import Model, get_activation
 from jax_dp.parallel import allreduce
 
 # The book's initialisation, Normal(0, 0.01) for every convolution and dense weight,
@@ -63,16 +63,17 @@ class Residual(nn.Module):
     strides: int = 1
     use_1x1conv: bool = False
     axis_name: str | None = None
+    act: Callable = nn.relu
 
     @nn.compact
     def __call__(self, x, mask, train):
         norm = partial(BatchNorm, axis_name=self.axis_name)
         y = conv_bn(self.channels, (3, 3), self.strides, padding=1)(x)
-        y = nn.relu(norm()(y, mask, train))
+        y = self.act(norm()(y, mask, train))
         y = norm()(conv_bn(self.channels, (3, 3), padding=1)(y), mask, train)
         if self.use_1x1conv:
             x = nn.Conv(self.channels, (1, 1), self.strides, kernel_init=conv_init)(x)
-        return nn.relu(y + x)
+        return self.act(y + x)
 
 
 class ResNet(nn.Module):
@@ -81,16 +82,17 @@ class ResNet(nn.Module):
     blocks_per_stage: int = 2
     num_classes: int = 10
     axis_name: str | None = None
+    act: Callable = nn.relu
 
     @nn.compact
     def __call__(self, x, mask, train):
         x = conv_bn(self.stage_channels[0], (3, 3), padding=1)(x)
-        x = nn.relu(BatchNorm(self.axis_name)(x, mask, train))
+        x = self.act(BatchNorm(self.axis_name)(x, mask, train))
         for stage, channels in enumerate(self.stage_channels):
             for block in range(self.blocks_per_stage):
                 downsample = stage > 0 and block == 0
                 x = Residual(channels, strides=2 if downsample else 1, use_1x1conv=downsample,
-                             axis_name=self.axis_name)(x, mask, train)
+                             axis_name=self.axis_name, act=self.act)(x, mask, train)
         x = jnp.mean(x, axis=(1, 2))  # Global average pool.
         return nn.Dense(self.num_classes, kernel_init=conv_init)(x)
 
@@ -98,18 +100,20 @@ class ResNet(nn.Module):
 ResNet18 = partial(ResNet, stage_channels=(64, 128, 256, 512), blocks_per_stage=2)
 
 
-def resnet18(bn: str = "sync", num_classes: int = 10) -> Model:
+def resnet18(bn: str = "sync", num_classes: int = 10, activation: str = "relu") -> Model:
     """ResNet-18 as a Model; bn='sync' uses global-batch statistics, 'local' per-device ones."""
     if bn not in ("sync", "local"):
         raise ValueError(f"unknown --bn {bn!r}: use 'sync' or 'local'")
+    act = get_activation(activation)
 
     def init(key):
-        variables = ResNet18(num_classes=num_classes).init(
+        variables = ResNet18(num_classes=num_classes, act=act).init(
             key, jnp.zeros((1, 28, 28, 1)), jnp.ones(1), train=False)
         return variables["params"], variables["batch_stats"]
 
     def apply(params, state, x, mask, *, train, axis_name):
-        module = ResNet18(num_classes=num_classes, axis_name=axis_name if bn == "sync" else None)
+        module = ResNet18(num_classes=num_classes, axis_name=axis_name if bn == "sync" else None,
+                          act=act)
         variables = {"params": params, "batch_stats": state}
         if not train:
             return module.apply(variables, x, mask, train=False), state
