@@ -10,37 +10,21 @@ from jax_dp import allreduce, data, models, parallel, parity, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
+from helpers import random_batches, run_steps
+
 LENET = models.get_model("lenet")
 BACKENDS = ["pmap", "shard_map", "jit"]
 
 
-def batches(n_steps, batch_size, size=28, dtype=np.float32, seed=0):
-    rng = np.random.default_rng(seed)
-    return [{"image": rng.random((batch_size, size, size, 1)).astype(dtype),
-             "label": rng.integers(0, 10, batch_size).astype(np.int32),
-             "mask": np.ones(batch_size, dtype)} for _ in range(n_steps)]
-
-
-def run(model, backend, k, steps_batches, lr=0.3, dtype=jnp.float32, **options):
-    tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend, get_devices(k)), **options)
-    b = steps.backend
-    state = b.replicate(jax.device_get(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype)))
-    metrics = b.replicate(train.zero_metrics())
-    for batch in steps_batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
-    return state, b.unreplicate(state), b.unreplicate(metrics)
-
-
 @pytest.fixture(scope="module")
 def lenet_reference():
-    return run(LENET, "single", 1, batches(4, 32))[1]
+    return run_steps(LENET, "single", 1, random_batches(4, 32), lr=0.3)[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("k", [2, 8])
 def test_every_backend_trains_lenet_like_one_device(lenet_reference, backend, k):
-    _, got, metrics = run(LENET, backend, k, batches(4, 32))
+    _, got, metrics = run_steps(LENET, backend, k, random_batches(4, 32), lr=0.3)
     # As in test_train: float32 sums re-associated k ways, ~1e-7 of each update.
     assert parity.max_rel_diff(got.params, lenet_reference.params) <= 1e-6
     assert metrics["count"] == 4 * 32
@@ -48,7 +32,7 @@ def test_every_backend_trains_lenet_like_one_device(lenet_reference, backend, k)
 
 @pytest.mark.parametrize("backend", ["shard_map", "jit"])
 def test_replicated_state_stays_replicated_on_every_device(backend):
-    placed, _, _ = run(LENET, backend, 4, batches(1, 8))
+    placed, _, _ = run_steps(LENET, backend, 4, random_batches(1, 8), lr=0.3)
     for leaf in jax.tree.leaves(placed):
         assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 4
 
@@ -56,15 +40,15 @@ def test_replicated_state_stays_replicated_on_every_device(backend):
 @pytest.fixture(scope="module")
 def resnet_reference():
     with jax.enable_x64(True):
-        return run(models.get_model("resnet18"), "single", 1, batches(2, 8, 8, np.float64),
-                   lr=0.1, dtype=jnp.float64)[1]
+        return run_steps(models.get_model("resnet18"), "single", 1,
+                         random_batches(2, 8, 8, np.float64), lr=0.1, dtype=jnp.float64)[1]
 
 
 @pytest.mark.parametrize("backend", ["shard_map", "jit"])
 def test_every_backend_keeps_batchnorm_statistics_global(resnet_reference, backend):
     with jax.enable_x64(True):  # float64: exactness, not float32 sensitivity (test_resnet).
-        _, got, _ = run(models.get_model("resnet18"), backend, 4, batches(2, 8, 8, np.float64),
-                        lr=0.1, dtype=jnp.float64)
+        _, got, _ = run_steps(models.get_model("resnet18"), backend, 4,
+                              random_batches(2, 8, 8, np.float64), lr=0.1, dtype=jnp.float64)
     assert parity.max_rel_diff(got.params, resnet_reference.params) <= 1e-9
     assert parity.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9
 
@@ -95,7 +79,7 @@ def test_hand_made_allreduce_matches_psum(scheme, k):
 
 @pytest.mark.parametrize("scheme", ["star", "ring"])
 def test_training_with_a_hand_made_allreduce_matches_psum(lenet_reference, scheme):
-    _, got, _ = run(LENET, "pmap", 4, batches(4, 32), grad_allreduce=scheme)
+    _, got, _ = run_steps(LENET, "pmap", 4, random_batches(4, 32), lr=0.3, grad_allreduce=scheme)
     assert parity.max_rel_diff(got.params, lenet_reference.params) <= 1e-6
 
 

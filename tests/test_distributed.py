@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
 
 from jax_dp import checkpoint, parity

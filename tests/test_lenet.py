@@ -6,6 +6,8 @@ import numpy as np
 
 from jax_dp.models.lenet import init_lenet, lenet
 
+from helpers import random_batches, run_steps
+
 
 def test_parameter_count_is_exact():
     params = init_lenet(jax.random.key(0))
@@ -49,24 +51,10 @@ def test_im2col_convolution_equals_lax_conv():
 
 
 def test_the_fast_path_trains_to_the_readable_paths_params_after_20_steps():
-    import optax
+    from jax_dp import models, parity
 
-    from jax_dp import models, parity, train
-    from jax_dp.backends import make_backend
-    from jax_dp.devices import get_devices
-
-    rng = np.random.default_rng(0)
-    batches = [{"image": rng.random((64, 28, 28, 1), np.float32),
-                "label": rng.integers(0, 10, 64).astype(np.int32), "mask": np.ones(64, np.float32)}
-               for _ in range(20)]
-    finals = []
-    for conv in ("xla", "im2col"):
-        model, tx = models.get_model("lenet", conv=conv), optax.sgd(0.2)
-        steps = train.make_steps(model, tx, make_backend("pmap", get_devices(2)))
-        state = steps.backend.replicate(train.init_state(model, tx, jax.random.key(0)))
-        metrics = steps.backend.replicate(train.zero_metrics())
-        for batch in batches:
-            state, metrics = steps.train_batch(state, metrics, steps.backend.shard(batch))
-        finals.append(steps.backend.unreplicate(state.params))
+    batches = random_batches(20, 64)
+    finals = [run_steps(models.get_model("lenet", conv=conv), "pmap", 2, batches, lr=0.2)[1].params
+              for conv in ("xla", "im2col")]
     # The same bound as k devices against one (experiments.compare): re-associated sums.
     assert parity.max_rel_diff(finals[1], finals[0]) <= 1e-6

@@ -6,6 +6,8 @@ import pytest
 
 from jax_dp import data, models, parity
 
+from helpers import random_batches
+
 
 def test_max_rel_diff_is_the_relative_inf_norm_over_all_leaves():
     reference = {"a": np.array([1.0, -4.0]), "b": np.array([2.0])}
@@ -18,13 +20,6 @@ def test_max_rel_diff_is_the_relative_inf_norm_over_all_leaves():
 def test_max_rel_diff_refuses_trees_of_another_structure():
     with pytest.raises(ValueError, match="trees differ in structure: 1 vs 2 leaves"):
         parity.max_rel_diff({"a": np.zeros(2)}, {"a": np.zeros(2), "b": np.zeros(1)})
-
-
-def random_batches(n_steps, batch_size, seed=0):
-    rng = np.random.default_rng(seed)
-    return [{"image": rng.random((batch_size, 28, 28, 1), np.float32),
-             "label": rng.integers(0, 10, batch_size).astype(np.int32),
-             "mask": np.ones(batch_size, np.float32)} for _ in range(n_steps)]
 
 
 def test_compare_steps_every_config_in_lockstep_against_the_single_device_step():

@@ -11,6 +11,8 @@ from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 from jax_dp.models.resnet import BatchNorm
 
+from helpers import random_batches, run_steps
+
 RESNET = models.get_model("resnet18")
 
 
@@ -56,26 +58,6 @@ def test_batchnorm_training_normalises_with_masked_batch_statistics():
     np.testing.assert_allclose(updates["batch_stats"]["var"], 0.5 + 0.5 * real.var(0), rtol=1e-4)
 
 
-def small_batches(n_steps, batch_size, size=8, seed=0, dtype=np.float32):
-    """Random 8x8 images (the model is fully convolutional) with random labels, all real."""
-    rng = np.random.default_rng(seed)
-    return [{"image": rng.random((batch_size, size, size, 1)).astype(dtype),
-             "label": rng.integers(0, 10, batch_size).astype(np.int32),
-             "mask": np.ones(batch_size, dtype)} for _ in range(n_steps)]
-
-
-def run_steps(backend_name, k, batches, model=RESNET, lr=0.1, dtype=jnp.float32):
-    """Train from seed 0's params (as dtype) on batches; the placed state and host copies."""
-    tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend_name, get_devices(k)))
-    b = steps.backend
-    state = b.replicate(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype))
-    metrics = b.replicate(train.zero_metrics())
-    for batch in batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
-    return state, b.unreplicate(state), b.unreplicate(metrics)
-
-
 def assert_each_leaf_close(tree, reference, rel):
     """Every leaf's max |difference| is at most rel times that leaf's max |value|."""
     for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference)):
@@ -84,9 +66,9 @@ def assert_each_leaf_close(tree, reference, rel):
 
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_one_step_with_synced_batchnorm_equals_one_device(k):
-    batches = small_batches(1, 8)
-    _, reference, m1 = run_steps("single", 1, batches)
-    state, pmapped, mk = run_steps("pmap", k, batches)
+    batches = random_batches(1, 8, size=8)
+    _, reference, m1 = run_steps(RESNET, "single", 1, batches, lr=0.1)
+    state, pmapped, mk = run_steps(RESNET, "pmap", k, batches, lr=0.1)
     # float32 round-off only (sums over 8 x 8 x 8 = 512 values per channel, split k ways),
     # but the gradients of BatchNorm biases are near-cancelling sums that magnify it ~100x.
     assert_each_leaf_close(pmapped.params, reference.params, 1e-4)
@@ -101,8 +83,8 @@ def test_one_step_with_synced_batchnorm_equals_one_device(k):
 def float64_reference():
     """Three single-device steps in float64, and their batches."""
     with jax.enable_x64(True):
-        batches = small_batches(3, 8, dtype=np.float64)
-        return batches, run_steps("single", 1, batches, dtype=jnp.float64)[1]
+        batches = random_batches(3, 8, size=8, dtype=np.float64)
+        return batches, run_steps(RESNET, "single", 1, batches, lr=0.1, dtype=jnp.float64)[1]
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -112,14 +94,15 @@ def test_several_steps_with_synced_batchnorm_equal_one_device_in_float64(float64
     # exact equivalence is checked in float64: round-off 1e-16, times that, is ~1e-11.
     batches, reference = float64_reference
     with jax.enable_x64(True):
-        _, pmapped, _ = run_steps("pmap", k, batches, dtype=jnp.float64)
+        _, pmapped, _ = run_steps(RESNET, "pmap", k, batches, lr=0.1, dtype=jnp.float64)
     assert jax.tree.leaves(reference.params)[0].dtype == np.float64
     assert_each_leaf_close(pmapped.params, reference.params, 1e-8)
     assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-8)
 
 
 def test_local_batchnorm_statistics_differ_between_replicas():
-    state, _, _ = run_steps("pmap", 2, small_batches(1, 8), model=models.get_model("resnet18", bn="local"))
+    local = models.get_model("resnet18", bn="local")
+    state, _, _ = run_steps(local, "pmap", 2, random_batches(1, 8, size=8), lr=0.1)
     means = np.asarray(state.model_state["BatchNorm_0"]["mean"])
     assert not np.allclose(means[0], means[1])
 

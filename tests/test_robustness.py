@@ -1,6 +1,5 @@
 """Nothing lost, nothing silent: uneven batches, non-finite steps, checkpoints, signals, hangs."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,18 +16,10 @@ from jax_dp import checkpoint, data, dispatch, models, parity, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
+from helpers import run_steps
+
 LENET = models.get_model("lenet")
 K = 4
-
-
-def one_step(model, backend, k, batch, lr=0.1, dtype=jnp.float32):
-    """Params and model state after one step from seed 0, on the host."""
-    tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend, get_devices(k)))
-    b = steps.backend
-    state = b.replicate(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype))
-    state, metrics = steps.train_batch(state, b.replicate(train.zero_metrics()), b.shard(batch))
-    return b.unreplicate(state), b.unreplicate(metrics)
 
 
 def padded_and_exact(n, k, seed=0, size=28):
@@ -44,8 +35,8 @@ def padded_and_exact(n, k, seed=0, size=28):
 def test_uneven_batches_on_k_devices_equal_one_device_on_exactly_those_examples(n):
     padded, exact = padded_and_exact(n, K)
     assert padded["mask"].sum() == n and len(padded["mask"]) % K == 0
-    got, m_k = one_step(LENET, "pmap", K, padded)
-    want, m_1 = one_step(LENET, "single", 1, exact)
+    got, m_k = run_steps(LENET, "pmap", K, [padded], lr=0.1)[1:]
+    want, m_1 = run_steps(LENET, "single", 1, [exact], lr=0.1)[1:]
     assert m_k["count"] == m_1["count"] == n
     # Padded rows add exact zeros; only the order of the float32 sums differs.
     for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
@@ -60,8 +51,10 @@ def test_batchnorm_statistics_ignore_padded_rows(n):
     # In float64: with 3 examples, stage 4's BatchNorm (1x1 pixels) normalises 3 values,
     # which magnifies float32 round-off past any useful bound; float64's leaves ~1e-12.
     with jax.enable_x64(True):
-        got, _ = one_step(resnet, "pmap", K, parity.cast(padded, jnp.float64), dtype=jnp.float64)
-        want, _ = one_step(resnet, "single", 1, parity.cast(exact, jnp.float64), dtype=jnp.float64)
+        _, got, _ = run_steps(resnet, "pmap", K, [parity.cast(padded, jnp.float64)], lr=0.1,
+                              dtype=jnp.float64)
+        _, want, _ = run_steps(resnet, "single", 1, [parity.cast(exact, jnp.float64)], lr=0.1,
+                               dtype=jnp.float64)
     for a, b in zip(jax.tree.leaves((got.params, got.model_state)),
                     jax.tree.leaves((want.params, want.model_state))):
         assert parity.max_rel_diff(a, b) <= 1e-9

@@ -1,45 +1,25 @@
 """The train step: k devices equal one, replicas agree, evaluation counts everything."""
 
-import functools
-
 import chex
 import jax
 import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, parallel, train
+from jax_dp import data, models, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
+from helpers import random_batches, run_steps
+
 LENET = models.get_model("lenet")
-
-
-def random_batches(n_steps, batch_size, seed=0):
-    """Batches of random images with random labels, all real (mask 1)."""
-    rng = np.random.default_rng(seed)
-    return [{"image": rng.random((batch_size, 28, 28, 1), np.float32),
-             "label": rng.integers(0, 10, batch_size).astype(np.int32),
-             "mask": np.ones(batch_size, np.float32)} for _ in range(n_steps)]
-
-
-def run_steps(backend_name, k, batches, lr=0.5, seed=0, model=LENET):
-    """Train from seed's params on batches; returns the final state, host-side, and metrics."""
-    tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend_name, get_devices(k)))
-    b = steps.backend
-    state = b.replicate(train.init_state(model, tx, jax.random.key(seed)))
-    metrics = b.replicate(train.zero_metrics())
-    for batch in batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
-    return state, b.unreplicate(state), b.unreplicate(metrics)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_pmap_on_k_devices_equals_one_device(k):
     batches = random_batches(5, 32)
-    _, single, m1 = run_steps("single", 1, batches)
-    _, pmapped, mk = run_steps("pmap", k, batches)
+    _, single, m1 = run_steps(LENET, "single", 1, batches, lr=0.5)
+    _, pmapped, mk = run_steps(LENET, "pmap", k, batches, lr=0.5)
     # Only the order of float32 additions differs (a batch's gradient is a sum of 32 terms,
     # split into k partial sums): each step's update differs by a few ulps of its size,
     # ~1e-7 relative, and five steps at this lr move params by less than 1e-6.
@@ -58,12 +38,12 @@ def test_the_step_averages_over_the_global_batch():
 
     grads = jax.vmap(jax.grad(loss), (None, 0, 0))(params, batch["image"], batch["label"])
     expected = jax.tree.map(lambda p, g: p - 0.5 * g.mean(0), params, grads)
-    _, got, _ = run_steps("pmap", 4, [batch])
+    _, got, _ = run_steps(LENET, "pmap", 4, [batch], lr=0.5)
     chex.assert_trees_all_close(got.params, expected, rtol=1e-5, atol=1e-8)
 
 
 def test_replicas_stay_bitwise_identical():
-    state, _, _ = run_steps("pmap", 8, random_batches(5, 64))
+    state, _, _ = run_steps(LENET, "pmap", 8, random_batches(5, 64), lr=0.5)
     for leaf in jax.tree.leaves(state.params):
         replicas = np.asarray(leaf)
         assert all(np.array_equal(replicas[0], r) for r in replicas[1:])
