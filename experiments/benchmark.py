@@ -8,7 +8,6 @@ Figures are medians of --repeats runs of --steps steps; compile time is reported
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -123,12 +122,9 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        print(json.dumps(worker(json.loads(sys.argv[2]))))
-        sys.exit(0)
-    p = common.OneLineParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0],
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parser():
+    """This experiment's flags."""
+    p = common.cli_parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=sorted(PATHS))
     p.add_argument("--devices", type=common.comma_list(int, "counts"),
                    help="simulated device counts (default: lenet 1,2,4,8; resnet18 1,2)")
@@ -140,4 +136,11 @@ if __name__ == "__main__":
     p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--plot", type=Path, help="write a PNG of throughput against devices here")
-    common.run(main, p)
+    return p
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        print(json.dumps(worker(json.loads(sys.argv[2]))))
+        sys.exit(0)
+    common.run(main, parser)

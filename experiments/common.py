@@ -1,8 +1,9 @@
-"""What every experiment shares: flags, device set-up, data, clean one-line errors."""
+"""What every experiment shares: one parser helper, flags as TrainConfigs, one-line errors."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -39,12 +40,34 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def flag(self, param: str) -> str:
+        """The flag that sets param (a dest), or param itself when no flag does."""
+        return next((a.option_strings[0] for a in self._actions
+                     if a.dest == param and a.option_strings), param)
 
-def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
-           epochs: int) -> argparse.ArgumentParser:
-    """The flags every training experiment takes, with its own defaults."""
-    p = OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+class DefaultOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows '(default: X)' once, and not at all where there is no default to show."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def cli_parser(module: str, doc: str) -> OneLineParser:
+    """The parser every experiment starts from: its module name, its docstring's first line."""
+    return OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0],
+                         formatter_class=DefaultOnceFormatter)
+
+
+def training_parser(module: str, doc: str, model: str, *, devices: str, batch_size: str,
+                    lr: str, epochs: int) -> OneLineParser:
+    """The flags of a training experiment; each TrainConfig field's flag has its field's name."""
+    from jax_dp import allreduce, backends, config, models
+
+    p = cli_parser(module, doc)
+    options = models.OPTION_CHOICES
     p.add_argument("--devices", type=comma_list(int, "counts"), default=devices,
                    help="device counts, one run each (on CPU, simulated devices)")
     p.add_argument("--batch-size", type=comma_list(int, "sizes"), default=batch_size,
@@ -53,15 +76,27 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
                    help="SGD learning rate: one, or one per run")
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--seed", type=int, default=0, help="seed of params and data order")
-    p.add_argument("--backend", default="pmap", choices=["pmap", "shard_map", "jit", "single"],
+    if "conv" in models.MODEL_OPTIONS[model]:
+        p.add_argument("--conv", default="auto", choices=options["conv"],
+                       help="convolution: lax.conv ('xla', the readable one), or one matrix "
+                            "product per layer ('im2col', twice as fast on XLA:CPU); auto: "
+                            "im2col on CPU")
+    if "bn" in models.MODEL_OPTIONS[model]:
+        p.add_argument("--bn", default="sync", choices=options["bn"],
+                       help="BatchNorm statistics of the global batch (sync) or of each "
+                            "device's shard (local, the book's)")
+    p.add_argument("--activation", default="relu", choices=options["activation"],
+                   help="relu (the book's), or softplus, which has no kink for round-off to "
+                        "tip a unit across")
+    p.add_argument("--backend", default="pmap", choices=backends.BACKENDS,
                    help="how steps run over the devices: jax.pmap (the book's), jax.shard_map, "
                         "jax.jit with NamedSharding, or one device ('single', --devices 1)")
-    p.add_argument("--allreduce", default="psum", choices=["psum", "star", "ring"],
+    p.add_argument("--allreduce", default="psum", choices=tuple(allreduce.ALLREDUCES),
                    help="how gradients are summed under pmap: lax.psum, the book's star, or a ring")
-    p.add_argument("--train-examples", type=int,
-                   help="train on the first N training examples only (default: all 60,000)")
-    p.add_argument("--test-examples", type=int,
-                   help="evaluate on the first N test examples only (default: all 10,000)")
+    p.add_argument("--train-examples", type=int, default=config.SIZES["train"],
+                   help="train on the first N training examples")
+    p.add_argument("--test-examples", type=int, default=config.SIZES["test"],
+                   help="evaluate on the first N test examples")
     p.add_argument("--drop-remainder", action="store_true",
                    help="skip each epoch's last partial batch instead of padding it")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (one folder per run)")
@@ -72,25 +107,42 @@ def parser(module: str, doc: str, *, devices: str, batch_size: str, lr: str,
     p.add_argument("--step-timeout", type=float, default=300.0,
                    help="seconds one step may take before the run is declared wedged (exit 3)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="show a progress bar within each epoch")
+                   help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],
                    help="linear: multiply each run's lr by its batch size / --base-batch-size")
     p.add_argument("--base-batch-size", type=int, default=256,
                    help="the batch size the given --lr is meant for, for --lr-scaling linear")
     p.add_argument("--warmup-epochs", type=float, default=0.0,
                    help="raise the learning rate linearly from 0 over this many epochs")
-    p.add_argument("--json", type=Path, help="write the per-epoch history here")
+    p.add_argument("--json", type=Path, help="write the config and per-epoch history here")
     p.add_argument("--plot", type=Path, help="write a PNG of loss, accuracy and epoch time here")
     p.add_argument("--coordinator", help="HOST:PORT of process 0, for a multi-process run "
                    "(default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, help="processes in the run ($JAX_NUM_PROCESSES)")
     p.add_argument("--process-id", type=int, help="this process's rank ($JAX_PROCESS_ID)")
-    p.add_argument("--data", default="debian", choices=["debian", "tfds"],
+    p.add_argument("--data", default="debian", choices=config.DATA_SOURCES,
                    help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
     p.add_argument("--data-source", default="/usr/share/datasets/fashion-mnist",
                    help="folder of the four IDX files, for --data debian")
-    p.add_argument("--data-dir", help="TFDS data dir (default: $TFDS_DATA_DIR or ~/tensorflow_datasets)")
+    p.add_argument("--data-dir", help="TFDS data dir ($TFDS_DATA_DIR, else ~/tensorflow_datasets)")
+    p.set_defaults(model=model)
     return p
+
+
+def configs(args) -> list:
+    """One TrainConfig per run: every field from its flag; devices, batch size and lr per run."""
+    from jax_dp.config import TrainConfig
+
+    if args.base_batch_size < 1:
+        raise ValueError(f"--base-batch-size must be at least 1, got {args.base_batch_size}")
+    n = len(args.devices)
+    batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
+    if args.lr_scaling == "linear":  # Goyal et al.: lr grows with the batch.
+        lrs = [lr * b / args.base_batch_size for lr, b in zip(lrs, batch_sizes)]
+    shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+              if f.name not in ("devices", "batch_size", "lr") and hasattr(args, f.name)}
+    return [TrainConfig(**shared, devices=k, batch_size=b, lr=lr)
+            for k, b, lr in zip(args.devices, batch_sizes, lrs)]
 
 
 def load_data(args):
@@ -102,51 +154,37 @@ def load_data(args):
             data.load_fashion_mnist("test", limit=args.test_examples, **load))
 
 
-def train_runs(args, model_name: str, **model_options) -> None:
-    """Train model_name once per device count, printing the book's lines; write --json."""
-    from jax_dp import devices, distributed, models, train  # After flags: JAX must not start first.
+def train_runs(args) -> None:
+    """Train once per device count, printing the book's lines; write --json and --plot."""
+    from jax_dp import devices, distributed, models, train  # JAX's backend starts later.
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None)
-    if args.base_batch_size < 1:
-        raise ValueError(f"--base-batch-size must be at least 1, got {args.base_batch_size}")
-    n = len(args.devices)
-    batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
-    if args.lr_scaling == "linear":  # Goyal et al.: lr grows with the batch.
-        lrs = [lr * b / args.base_batch_size for lr, b in zip(lrs, batch_sizes)]
-    for batch_size, lr in zip(batch_sizes, lrs):
-        train.check_hyperparameters(batch_size, lr, args.epochs)
-    if model_options.get("bn") == "local" and args.backend not in ("pmap", "single"):
-        raise ValueError("--bn local keeps statistics per device, which only --backend pmap "
-                         "can hold; use --backend pmap")
-    model = models.get_model(model_name, **model_options)
-    device_sets = devices.setup_devices(args.devices, processes=processes, start=lambda:
-                                        distributed.initialize(args.coordinator, args.num_processes,
+    runs_configs = configs(args)
+    size = models.model_bytes(args.model, **runs_configs[0].model_options())
+    devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
+                          start=lambda: distributed.initialize(args.coordinator, args.num_processes,
                                                                args.process_id))
     primary = distributed.is_primary()
     train_data, test_data = load_data(args)
     runs = []
     log = print if primary else (lambda line: None)
-    for devs, batch_size, lr in zip(device_sets, batch_sizes, lrs):
-        log(f"training on {len(devs)} device(s) ({', '.join(map(str, devs))}), "
-            f"batch size {batch_size}, lr {lr}")
-        ckpt = args.checkpoint_dir and f"{args.checkpoint_dir}/{len(devs)}dev-bs{batch_size}-lr{lr}"
-        run = train.train(model, train_data, test_data, devs, backend=args.backend,
-                          batch_size=batch_size, lr=lr, epochs=args.epochs, seed=args.seed,
-                          drop_remainder=args.drop_remainder, checkpoint_dir=ckpt,
+    for config in runs_configs:
+        ckpt = args.checkpoint_dir and \
+            f"{args.checkpoint_dir}/{config.devices}dev-bs{config.batch_size}-lr{config.lr}"
+        run = train.train(config, train_data, test_data, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
                           step_timeout=args.step_timeout, progress=args.progress and primary,
-                          name=model_name, grad_allreduce=args.allreduce,
-                          warmup_epochs=args.warmup_epochs, log=log)
+                          log=log)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
-            f"on {len(devs)} device(s)")
+            f"on {config.devices} device(s)")
         runs.append(run)
     if primary:
-        payload = {"model": model_name, **model_options, "runs": runs}
+        payload = {"model": args.model, "runs": runs}
         write_json(args.json, payload)
         if args.plot:
             from jax_dp import plots
@@ -179,17 +217,26 @@ def with_tcmalloc() -> None:
         os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
 
 
-def run(main: Callable[[argparse.Namespace], None], p: argparse.ArgumentParser) -> None:
-    """Parse flags and run main; a ValueError becomes one line on stderr and exit code 2."""
-    args = p.parse_args()
+def run(main: Callable[[argparse.Namespace], None], make_parser: Callable[[], OneLineParser]) -> None:
+    """Parse flags and run main; bad input becomes one line on stderr and exit code 2.
+
+    The library names parameters (batch_size); the message names this CLI's flags
+    (--batch-size). tcmalloc is preloaded first, before JAX is imported.
+    """
     with_tcmalloc()
+    p = make_parser()
+    args = p.parse_args()
+    from jax_dp.errors import ParamError
     from jax_dp.train import Interrupted
 
     try:
         main(args)
+    except ParamError as e:
+        p.exit(2, f"{p.prog}: error: {e.spelled(p.flag)}\n")
     except ValueError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")
     except Interrupted as e:
-        p.exit(128 + e.signum, f"{p.prog}: {e}\n")
+        hint = ": rerun with --resume" if e.saved else ": pass --checkpoint-dir to keep progress"
+        p.exit(128 + e.signum, f"{p.prog}: {e}{hint}\n")
     except KeyboardInterrupt:
         p.exit(130, f"{p.prog}: interrupted\n")

@@ -9,7 +9,6 @@ round-off; in float64 both stay below 1e-10.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from experiments import common
@@ -76,22 +75,28 @@ def table(result: dict) -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    p = common.OneLineParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0],
-                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="lenet", choices=sorted(DEFAULTS))
+def parser():
+    """This experiment's flags."""
+    from jax_dp import backends, models
+
+    p = common.cli_parser(__spec__.name, __doc__)
+    p.add_argument("--model", default="lenet", choices=tuple(models.MODELS))
     p.add_argument("--devices", type=common.comma_list(int, "counts"), default="1,2,4,8",
                    help="device counts to compare against the single-device reference")
     p.add_argument("--backends", type=common.comma_list(str, "names"), default="pmap",
-                   help="backends to compare")
+                   help=f"backends to compare, of {', '.join(backends.BACKENDS)}")
     p.add_argument("--steps", type=int, default=20, help="training steps")
     p.add_argument("--batch-size", type=int, help="global batch (default: lenet 256, resnet18 16)")
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1)")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
-    p.add_argument("--activation", default="relu", choices=["relu", "softplus"],
+    p.add_argument("--activation", default="relu", choices=tuple(models.OPTION_CHOICES["activation"]),
                    help="softplus has no kink for round-off to tip a unit across: no jumps")
     p.add_argument("--seed", type=int, default=0, help="seed of params and batches")
     p.add_argument("--json", type=Path, help="write the full result (per-step divergence) here")
     p.add_argument("--plot", type=Path, help="write a PNG of divergence and throughput here")
-    common.run(main, p)
+    return p
+
+
+if __name__ == "__main__":
+    common.run(main, parser)

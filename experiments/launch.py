@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from experiments.common import OneLineParser
+from experiments.common import cli_parser
 
 
 def free_port() -> int:
@@ -55,8 +55,7 @@ def launch(command: list[str], processes: int, port: int | None = None) -> int:
 
 def main() -> None:
     """Parse `--processes N -- COMMAND...` and launch."""
-    p = OneLineParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli_parser(__spec__.name, __doc__)
     p.add_argument("--processes", type=int, default=2, help="how many processes to start")
     p.add_argument("--port", type=int, help="coordinator port on 127.0.0.1 (default: a free one)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")

@@ -7,7 +7,6 @@ splits arange(24).reshape(6, 4) over two devices, and takes one train_batch step
 
 from __future__ import annotations
 
-import argparse
 
 from experiments import common
 
@@ -78,6 +77,4 @@ def main(args) -> None:
 
 
 if __name__ == "__main__":
-    common.run(main, common.OneLineParser(prog=f"python -m {__spec__.name}",
-                                          description=__doc__.splitlines()[0],
-                                          formatter_class=argparse.ArgumentDefaultsHelpFormatter))
+    common.run(main, lambda: common.cli_parser(__spec__.name, __doc__))

@@ -8,15 +8,11 @@ minutes on a 2-core CPU: try `--train-examples 10000 --epochs 2` first.
 from experiments import common
 
 
-def main(args) -> None:
-    """Train ResNet-18 once per device count."""
-    common.train_runs(args, "resnet18", bn=args.bn)
+def parser():
+    """This experiment's flags and defaults."""
+    return common.training_parser(__spec__.name, __doc__, "resnet18", devices="1,2",
+                                  batch_size="256,512", lr="0.1,0.2", epochs=4)
 
 
 if __name__ == "__main__":
-    p = common.parser(__spec__.name, __doc__, devices="1,2", batch_size="256,512",
-                      lr="0.1,0.2", epochs=4)
-    p.add_argument("--bn", default="sync", choices=["sync", "local"],
-                   help="BatchNorm statistics of the global batch (sync) or of each device's "
-                        "shard (local, the book's)")
-    common.run(main, p)
+    common.run(common.train_runs, parser)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from jax_dp.errors import ParamError
 from jax_dp.parallel import AXIS, allreduce
 
 
@@ -49,10 +50,21 @@ def ring_allreduce(tree: Any, axis_name: str = AXIS) -> Any:
 ALLREDUCES: dict[str, Callable] = {"psum": allreduce, "star": star_allreduce, "ring": ring_allreduce}
 
 
-def bytes_sent(scheme: str, nbytes: int, k: int) -> list[int]:
-    """Bytes each of k devices sends to allreduce nbytes of data by scheme ('star' or 'ring')."""
+def get_allreduce(name: str, backend: str) -> Callable:
+    """The all-reduce called name; the hand-made ones are written for pmap's named axis."""
+    if name not in ALLREDUCES:
+        raise ParamError("allreduce", f"unknown {{}} {name!r}: use one of {', '.join(ALLREDUCES)}")
+    if name != "psum" and backend != "pmap":
+        raise ParamError(("allreduce", "backend"), f"{{}} {name} is written for the pmap "
+                         "backend; use {} pmap")
+    return ALLREDUCES[name]
+
+
+def bytes_sent(scheme: str, size: int, k: int, itemsize: int = 4) -> list[int]:
+    """Bytes each of k devices sends to allreduce size numbers of itemsize bytes by scheme
+    ('star' or 'ring'; the ring pads the numbers to k equal chunks)."""
     if scheme == "star":
-        return [(k - 1) * nbytes] + [nbytes] * (k - 1) if k > 1 else [0]
+        return [(k - 1) * size * itemsize] + [size * itemsize] * (k - 1) if k > 1 else [0]
     if scheme == "ring":
-        return [2 * (k - 1) * -(-nbytes // k)] * k
-    raise ValueError(f"no traffic model for allreduce {scheme!r}: use 'star' or 'ring'")
+        return [2 * (k - 1) * -(-size // k) * itemsize] * k
+    raise ParamError("allreduce", f"no traffic model for {{}} {scheme!r}: use 'star' or 'ring'")

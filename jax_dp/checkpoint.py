@@ -1,73 +1,116 @@
-"""Orbax checkpoints of a training run: everything needed to resume it bit for bit."""
+"""Where a run is (Record), and Orbax checkpoints of everything a bit-exact resume needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from jax_dp.config import TrainConfig
+from jax_dp.errors import ParamError
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs every save at INFO/WARNING.
 
 
-class Snapshot(NamedTuple):
-    """A run between two steps: host-side state, where it is in the data, what it logged.
-
-    `state` holds params and optimizer state (replica 0) and model state (every replica,
-    so per-device BatchNorm statistics survive); `metrics` the epoch's running sums;
-    `order` the epoch's data order; `epoch` and `step` the next step to take;
-    `key` the run's PRNG key data; `history` the finished epochs' results.
-    """
-    state: Any
-    metrics: Any
-    order: np.ndarray
-    key: np.ndarray
+class Record(NamedTuple):
+    """Where a run is between two steps: `step` steps done of epoch `epoch` (0-based),
+    `global_step` in all; the epoch's data `order`, the run's PRNG `key`, and the
+    finished epochs' results in `history`."""
     epoch: int
     step: int
     global_step: int
-    history: list
+    order: np.ndarray
+    key: jax.Array
+    history: tuple = ()
+
+    def stepped(self) -> Record:
+        """The record one step later."""
+        return self._replace(step=self.step + 1, global_step=self.global_step + 1)
+
+    def next_epoch(self, result: dict, order: np.ndarray) -> Record:
+        """The record at the start of the next epoch, this one's result kept."""
+        return self._replace(epoch=self.epoch + 1, step=0, order=order,
+                             history=self.history + (result,))
 
 
 class Checkpointer:
-    """Saves Snapshots under directory (atomically: Orbax renames a finished save into place)."""
+    """Saves a run's placed state under directory, at most once per global step.
 
-    def __init__(self, directory: str | Path, config: dict, keep: int = 2):
-        self.directory, self.config = Path(directory).absolute(), config
-        try:
-            self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=False, create=True))
-        except OSError as e:
-            raise ValueError(f"cannot write checkpoints to {directory} ({e.strerror}): "
-                             "pass a writable --checkpoint-dir") from None
+    Saves are atomic (Orbax renames a finished save into place). Params and optimizer
+    state are saved from one replica; the model state (BatchNorm statistics) from every
+    device, so per-device statistics survive.
+    """
 
-    def save(self, snapshot: Snapshot) -> None:
-        """Write snapshot as the checkpoint of its global step."""
-        meta = {"config": self.config, "epoch": snapshot.epoch, "step": snapshot.step,
-                "history": snapshot.history}
-        arrays = {"state": snapshot.state, "metrics": snapshot.metrics, "order": snapshot.order,
-                  "key": snapshot.key}
-        self.manager.save(snapshot.global_step, force=True, args=ocp.args.Composite(
+    def __init__(self, directory: str | Path, config: TrainConfig, backend, keep: int = 2):
+        self.directory, self.config, self.backend = Path(directory).absolute(), config, backend
+        self.manager = _manager(directory, keep)
+
+    def save(self, state, metrics, record: Record) -> None:
+        """Write state (a TrainState), the epoch's running metrics and record."""
+        arrays = _on_host(self.backend, state, metrics, record)
+        meta = {"config": dataclasses.asdict(self.config), "epoch": record.epoch,
+                "step": record.step, "history": list(record.history)}
+        self.manager.save(record.global_step, args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
 
-    def restore(self, template: Snapshot) -> Snapshot | None:
-        """The latest snapshot, shaped like template; None when there is none yet."""
+    def restore(self, state, metrics, record: Record):
+        """(state, metrics, record) of the latest checkpoint, placed like the arguments;
+        None when there is none. A checkpoint of another config is refused."""
         step = self.manager.latest_step()
         if step is None:
             return None
         meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        if meta["config"] != self.config:
-            diff = {k: v for k, v in meta["config"].items() if self.config.get(k) != v}
-            raise ValueError(f"the checkpoint in {self.directory} is of another run ({diff}); "
-                             "resume with the same flags or use another --checkpoint-dir")
-        target = {"state": template.state, "metrics": template.metrics, "order": template.order,
-                  "key": template.key}
+        field = self.config.resume_conflict(meta["config"])
+        if field is not None:
+            raise ParamError((field, field, "checkpoint_dir"), (
+                f"cannot resume: the checkpoint in {self.directory} was written with {{}} "
+                f"{meta['config'].get(field)!r}, this run has {{}} {getattr(self.config, field)!r} "
+                "(only a larger epochs may change): resume with the same values or use another {}"))
+        b, target = self.backend, _on_host(self.backend, state, metrics, record)
         arrays = self.manager.restore(step, args=ocp.args.Composite(
             arrays=ocp.args.StandardRestore(target)))["arrays"]
-        return Snapshot(arrays["state"], arrays["metrics"], arrays["order"], arrays["key"],
-                        meta["epoch"], meta["step"], step, meta["history"])
+        host = arrays["state"]
+        state = state._replace(params=b.replicate(host["params"]),
+                               model_state=b.from_host(host["model_state"]),
+                               opt_state=b.replicate(host["opt_state"]))
+        record = Record(meta["epoch"], meta["step"], step, arrays["order"],
+                        jax.random.wrap_key_data(arrays["key"]), tuple(meta["history"]))
+        return state, b.replicate(arrays["metrics"]), record
 
     def close(self) -> None:
         """Finish pending writes."""
         self.manager.close()
+
+
+def latest(directory: str | Path) -> tuple[int, dict, dict]:
+    """(global step, arrays as saved, metadata) of the latest checkpoint in directory."""
+    manager = _manager(directory, keep=None)
+    step = manager.latest_step()
+    if step is None:
+        raise ParamError("checkpoint_dir", f"no checkpoint in {directory}: pass the {{}} of a run")
+    restored = manager.restore(step, args=ocp.args.Composite(
+        arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    return step, restored["arrays"], restored["meta"]
+
+
+def _on_host(backend, state, metrics, record) -> dict:
+    """The arrays of a checkpoint, read from their devices."""
+    return {"state": {"params": backend.unreplicate(state.params),
+                      "model_state": backend.to_host(state.model_state),
+                      "opt_state": backend.unreplicate(state.opt_state)},
+            "metrics": backend.unreplicate(metrics), "order": np.asarray(record.order),
+            "key": np.asarray(jax.random.key_data(record.key))}
+
+
+def _manager(directory, keep):
+    try:
+        return ocp.CheckpointManager(Path(directory).absolute(), options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=False, create=True))
+    except OSError as e:
+        raise ParamError("checkpoint_dir", f"cannot write checkpoints to {directory} "
+                         f"({e.strerror}): pass a writable {{}}") from None

@@ -12,8 +12,7 @@ import jax
 import numpy as np
 
 from jax_dp import fashion_mnist
-
-NUM_CLASSES = 10
+from jax_dp.errors import ParamError
 
 
 class Split(NamedTuple):
@@ -47,8 +46,8 @@ def _tfds_builder(data_dir):
     try:
         builder.download_and_prepare()
     except Exception as e:  # TFDS raises many kinds; the user needs one line.
-        raise ValueError(f"TFDS could not download fashion_mnist ({type(e).__name__}); "
-                         "use --data debian offline") from None
+        raise ParamError("data", f"TFDS could not download fashion_mnist ({type(e).__name__}); "
+                         "use {} debian offline") from None
     return builder
 
 
@@ -64,11 +63,11 @@ def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
     elif source == "tfds":
         builder = _tfds_builder(data_dir)
     else:
-        raise ValueError(f"unknown data source {source!r}: use 'debian' or 'tfds'")
+        raise ParamError("data", f"unknown {{}} source {source!r}: use 'debian' or 'tfds'")
     records = builder.as_data_source(split=split)
     n = len(records) if limit is None else min(limit, len(records))
     if n < 1:
-        raise ValueError(f"--{split}-examples must be at least 1, got {limit}")
+        raise ParamError(f"{split}_examples", f"{{}} must be at least 1, got {limit}")
     examples = records.__getitems__(range(n))
     images = np.stack([e["image"] for e in examples]).astype(np.float32) / 255.0
     labels = np.array([e["label"] for e in examples], np.int32)
@@ -99,7 +98,7 @@ def batches(data: Split, batch_size: int, *, num_devices: int = 1, order: np.nda
     example counts exactly once (drop_remainder skips the partial batch instead).
     """
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+        raise ParamError("batch_size", f"{{}} must be at least 1, got {batch_size}")
     n = len(data.labels)
     order = np.arange(n) if order is None else order
     size = padded_size(batch_size, num_devices)

@@ -8,11 +8,48 @@ from typing import Any, Callable
 import jax
 from jax._src import xla_bridge
 
+from jax_dp.errors import ParamError
 
-def simulate_cpu_devices(k: int) -> None:
-    """Make XLA:CPU expose k devices; a no-op for the GPU backend or when JAX_NUM_CPU_DEVICES is set."""
+
+# XLA:CPU runs one process's collectives on 256 threads: with more simulated devices the
+# others never reach an all-reduce's rendezvous and XLA aborts after 40 s (measured).
+MAX_SIMULATED = 256
+# Reserved for the data, XLA and Python when simulated devices share the host's memory.
+RESERVED_BYTES = 4 * 2**30
+
+
+def check_simulated(k: int, model_bytes: int = 0, available: int | None = None) -> None:
+    """Refuse k simulated CPU devices that could not train: too many threads, or copies of a
+    model of model_bytes (params, gradients, updated params: 3 each) that exceed memory."""
+    if k > MAX_SIMULATED:
+        raise ParamError("devices", f"{{}} {k} is more than the {MAX_SIMULATED} CPU devices XLA "
+                         f"can simulate in one process (its collectives run on {MAX_SIMULATED} "
+                         f"threads): pass {MAX_SIMULATED} or fewer, or use more processes")
+    if not model_bytes:
+        return
+    available = _available_memory() if available is None else available
+    fit = max(available - RESERVED_BYTES, 0) // (3 * model_bytes)
+    if k > fit:
+        raise ParamError("devices", f"{{}} {k} would hold {k} copies of a {model_bytes / 2**20:.0f}"
+                         f" MB model, more than the {available / 2**30:.1f} GiB of free memory "
+                         f"allow: pass {fit} or fewer")
+
+
+def _available_memory() -> int:
+    """Bytes of memory free for a new process (MemAvailable), or unlimited if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return 2**62
+
+
+def simulate_cpu_devices(k: int, model_bytes: int = 0) -> None:
+    """Make XLA:CPU expose k devices (checked by check_simulated); a no-op for the GPU
+    backend or when JAX_NUM_CPU_DEVICES is set."""
     if k < 1:
-        raise ValueError(f"--devices must be at least 1, got {k}")
+        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
+    check_simulated(k, model_bytes)
     if "JAX_NUM_CPU_DEVICES" in os.environ:  # The user's own choice wins.
         return
     if xla_bridge.backends_are_initialized():
@@ -33,37 +70,37 @@ def get_devices(k: int) -> tuple[jax.Device, ...]:
     devices of each of the P processes.
     """
     if k < 1:
-        raise ValueError(f"--devices must be at least 1, got {k}")
+        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
     processes = jax.process_count()
     if processes > 1:
         if k % processes:
-            raise ValueError(f"--devices {k} does not split over {processes} processes: "
+            raise ParamError("devices", f"{{}} {k} does not split over {processes} processes: "
                              f"use a multiple of {processes}")
         per_process = k // processes
         if per_process > jax.local_device_count():
-            raise ValueError(f"asked for {k} devices but only {jax.local_device_count()} exist "
-                             f"in each of {processes} processes; pass --devices "
-                             f"{jax.local_device_count() * processes} or fewer")
+            raise ParamError("devices", f"asked for {k} devices but only "
+                             f"{jax.local_device_count()} exist in each of {processes} processes; "
+                             f"pass {{}} {jax.local_device_count() * processes} or fewer")
         return tuple(d for p in range(processes)
                      for d in [d for d in jax.devices() if d.process_index == p][:per_process])
     available = jax.local_devices()
     if k > len(available):
         names = ", ".join(str(d) for d in available)
-        raise ValueError(
-            f"asked for {k} devices but only {len(available)} exist ({names}); "
-            f"pass --devices {len(available)} or fewer")
+        raise ParamError("devices", f"asked for {k} devices but only {len(available)} exist "
+                         f"({names}); pass {{}} {len(available)} or fewer")
     return tuple(available[:k])
 
 
 def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
-                  processes: int = 1) -> list[tuple[jax.Device, ...]]:
+                  processes: int = 1, model_bytes: int = 0) -> list[tuple[jax.Device, ...]]:
     """Simulate enough CPU devices for the largest count, call start(), then pick each set.
 
     With several processes, counts are over all of them; start is where the multi-process
-    runtime is joined, after the simulation is set up and before JAX starts.
+    runtime is joined, after the simulation is set up and before JAX starts. model_bytes
+    (the model's params and state) bounds how many simulated devices fit in memory.
     """
     if not counts or min(counts) < 1:
-        raise ValueError(f"--devices must be positive counts, got {counts}")
-    simulate_cpu_devices(-(-max(counts) // processes))
+        raise ParamError("devices", f"{{}} must be positive counts, got {counts}")
+    simulate_cpu_devices(-(-max(counts) // processes), model_bytes)
     start()
     return [get_devices(k) for k in counts]

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 
@@ -22,18 +22,16 @@ WEDGED_EXIT_CODE = 3
 class InFlight:
     """Queue of dispatched steps; waits for the oldest once more than MAX_IN_FLIGHT are queued.
 
-    on_done(output, info) runs, in order, once a step's output is ready. If a step takes
-    more than timeout_s to finish, the process prints one line and exits with code 3: a
-    collective that waits forever must not become a silent hang.
+    If a step takes more than timeout_s to finish, the process prints one line and exits
+    with code 3: a collective that waits forever must not become a silent hang.
     """
 
-    def __init__(self, on_done: Callable[[Any, Any], None] = lambda out, info: None,
-                 timeout_s: float | None = None):
-        self.pending, self.on_done = collections.deque(), on_done
+    def __init__(self, timeout_s: float | None = None):
+        self.pending = collections.deque()
         self.watchdog = _Watchdog(timeout_s) if timeout_s else None
 
     def add(self, output: Any, info: Any = None) -> None:
-        """Queue a step's output; wait for the oldest while too many are queued."""
+        """Queue a step's output (info names it in errors); wait while too many are queued."""
         self.pending.append((output, info))
         while len(self.pending) > MAX_IN_FLIGHT:
             self._wait_oldest()
@@ -50,7 +48,6 @@ class InFlight:
                 jax.block_until_ready(output)
         else:
             jax.block_until_ready(output)
-        self.on_done(output, info)
 
 
 class _Watchdog:

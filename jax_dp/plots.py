@@ -44,10 +44,11 @@ def plot_history(payload: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for run in payload["runs"]:
         epochs = [e["epoch"] for e in run["epochs"]]
-        label = f"{run['devices']} device(s), bs {run['batch_size']}, lr {run['lr']}"
+        c = run["config"]
+        label = f"{c['devices']} device(s), bs {c['batch_size']}, lr {c['lr']}"
         axes[0].plot(epochs, [e["train_loss"] for e in run["epochs"]], marker="o", label=label)
         axes[1].plot(epochs, [e["test_acc"] for e in run["epochs"]], marker="o", label=label)
-    labels = [f"{r['devices']} dev\nbs {r['batch_size']}" for r in payload["runs"]]
+    labels = [f"{r['config']['devices']} dev\nbs {r['config']['batch_size']}" for r in payload["runs"]]
     times = [sum(e["time_s"] for e in r["epochs"]) / len(r["epochs"]) for r in payload["runs"]]
     axes[2].bar(range(len(times)), times, tick_label=labels)
     for ax in axes[:2]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,10 +15,13 @@ import tqdm
 
 from jax_dp import data as data_lib
 from jax_dp import dispatch
-from jax_dp.allreduce import ALLREDUCES
+from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import Backend, make_backend
-from jax_dp.checkpoint import Checkpointer, Snapshot
-from jax_dp.models import Model
+from jax_dp.checkpoint import Checkpointer, Record
+from jax_dp.config import TrainConfig
+from jax_dp.devices import get_devices
+from jax_dp.errors import ParamError
+from jax_dp.models import Model, get_model
 from jax_dp.parallel import allreduce, reduced
 
 
@@ -29,16 +32,17 @@ class TrainState(NamedTuple):
     opt_state: Any
 
 
-class NonFiniteError(ValueError):
+class NonFiniteError(ParamError):
     """Loss or gradients stopped being finite numbers."""
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM stopped training between two steps."""
+    """SIGINT or SIGTERM stopped training between two steps; `saved` is the checkpoint's folder."""
 
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.signum = signum
+    def __init__(self, signum: int, where: str, saved: str | None):
+        super().__init__(f"interrupted at {where}; " + (f"checkpoint saved in {saved}" if saved
+                                                         else "nothing saved"))
+        self.signum, self.saved = signum, saved
 
 
 def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -> TrainState:
@@ -125,13 +129,8 @@ def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
 
     grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
     """
-    if grad_allreduce not in ALLREDUCES:
-        raise ValueError(f"unknown --allreduce {grad_allreduce!r}: use one of {', '.join(ALLREDUCES)}")
-    if grad_allreduce != "psum" and backend.name != "pmap":
-        raise ValueError(f"--allreduce {grad_allreduce} is written for the pmap backend; "
-                         "use --backend pmap")
     train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                 grad_allreduce=ALLREDUCES[grad_allreduce])
+                                 grad_allreduce=get_allreduce(grad_allreduce, backend.name))
     eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
     return Steps(backend, backend.compile(train_fn, donate_argnums=(0,)),
                  backend.compile(eval_fn))
@@ -158,181 +157,140 @@ def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
     return totals["correct"] / totals["count"]
 
 
-def train_epoch(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int,
-                order: np.ndarray, *, metrics: dict | None = None, start: int = 0,
-                drop_remainder: bool = False, progress: str | None = None,
-                on_step: Callable[[int, TrainState, dict], bool] | None = None,
-                step_timeout: float | None = None) -> tuple[TrainState, dict]:
-    """Steps over data in `order`, from batch `start`; returns the state and device-side sums.
-
-    on_step(i, state, metrics) runs after batch i (1-based) is dispatched and may end the
-    epoch early by returning True. With progress set, a bar with that label shows images/s
-    and the time left.
-    """
-    backend = steps.backend
-    metrics = backend.replicate(zero_metrics()) if metrics is None else metrics
-    total = data_lib.num_batches(len(data.labels), batch_size, drop_remainder)
-    with tqdm.tqdm(total=total, initial=start, desc=progress, unit="batch", leave=False,
-                   disable=progress is None) as bar:
-        in_flight = dispatch.InFlight(lambda out, info: bar.update(), step_timeout)
-        batches = data_lib.batches(data, batch_size, num_devices=len(backend.devices),
-                                   order=order, start=start, drop_remainder=drop_remainder)
-        for i, batch in enumerate(batches, start + 1):
-            state, metrics = steps.train_batch(state, metrics, backend.shard(batch))
-            in_flight.add(metrics, f"step {i} of {progress or 'the epoch'}")
-            if on_step is not None and on_step(i, state, metrics):
-                break
-        in_flight.drain()
-    return state, metrics
+def optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """SGD at config.lr, reached linearly from 0 over config.warmup_epochs."""
+    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
+    warmup_steps = round(config.warmup_epochs * per_epoch)
+    return optax.sgd(optax.linear_schedule(0.0, config.lr, warmup_steps) if warmup_steps
+                     else config.lr)
 
 
-def check_hyperparameters(batch_size: int, lr: float, epochs: int) -> None:
-    """Refuse values that cannot train, with what to pass instead."""
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"--lr must be a positive finite number, got {lr}")
-    if epochs < 1:
-        raise ValueError(f"--epochs must be at least 1, got {epochs}")
+def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
+    """Epoch epoch's order of the training examples, drawn from the run's key."""
+    return data_lib.epoch_order(config.train_examples,
+                                jax.random.fold_in(jax.random.split(key)[1], epoch))
 
 
-def train(model: Model, train_data: data_lib.Split, test_data: data_lib.Split,
-          devices: Sequence[jax.Device], *, backend: str = "pmap", batch_size: int = 256,
-          lr: float = 0.2, epochs: int = 4, seed: int = 0, drop_remainder: bool = False,
+def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split, *,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          step_timeout: float | None = None, progress: bool = False, name: str = "",
-          grad_allreduce: str = "psum", warmup_epochs: float = 0.0,
+          step_timeout: float | None = None, progress: bool = False,
           log: Callable[[str], None] = print) -> dict:
-    """Train model with SGD on devices, printing the book's line per epoch.
+    """Train config's model with SGD on config.devices devices, printing the book's lines.
 
     Args:
-      model: the model's pure init and apply.
-      train_data, test_data: host-side splits.
-      devices: the devices to train on; each global batch is split over them.
-      backend: 'pmap' (the book's way), 'shard_map', 'jit' (NamedSharding) or 'single'
-        (one device).
-      batch_size: the global batch size, split evenly (padded) over the devices.
-      lr: SGD learning rate, applied to the gradient averaged over the global batch.
-      epochs: passes over train_data, each in a fresh order drawn from seed.
-      seed: the one source of randomness (initial params and every epoch's order).
-      drop_remainder: skip each epoch's last partial batch (the book's DataLoader keeps it).
-      checkpoint_dir: save the run here (Orbax) every checkpoint_every steps and at
-        each epoch's end; on SIGINT or SIGTERM, save and raise Interrupted.
-      resume: continue from the latest checkpoint in checkpoint_dir, if there is one.
+      config: what the run computes (model, backend, devices, batch size, lr, ...);
+        train_data and test_data must hold config.train_examples and test_examples.
+      checkpoint_dir: save the run here (Orbax) every checkpoint_every global steps and
+        at each epoch's end; on SIGINT or SIGTERM, save and raise Interrupted (a signal
+        on an epoch's last step lets that epoch's evaluation finish first).
+      resume: continue from the latest checkpoint in checkpoint_dir, if there is one;
+        a checkpoint of another config is refused (a larger config.epochs is allowed).
       step_timeout: end the process (exit code 3) if a step takes longer than this.
-      progress: show a progress bar (images/s, time left) within each epoch.
-      name: the model's name, recorded in checkpoints so a resume cannot mix models.
-      grad_allreduce: 'psum', or the hand-made 'star' (the book's) or 'ring' (pmap only).
-      warmup_epochs: raise the learning rate linearly from 0 to lr over this many epochs.
-      log: where the per-epoch lines go.
+      progress: show a progress bar (steps/s, time left) within each epoch, on terminals only.
+      log: where the config, compile time and per-epoch lines go.
 
     Returns:
-      {"devices", "batch_size", "lr", "compile_s", "epochs": [{"epoch", "time_s",
+      {"config": the config as a dict, "compile_s", "epochs": [{"epoch", "time_s",
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
-    check_hyperparameters(batch_size, lr, epochs)
-    if checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every must be 0 (epoch ends only) or more, got {checkpoint_every}")
-    if (resume or checkpoint_every) and not checkpoint_dir:
-        raise ValueError("--resume and --checkpoint-every need --checkpoint-dir")
-    if warmup_epochs < 0:
-        raise ValueError(f"--warmup-epochs must be 0 or more, got {warmup_epochs}")
-    n = len(train_data.labels)
-    warmup_steps = round(warmup_epochs * data_lib.num_batches(n, batch_size, drop_remainder))
-    tx = optax.sgd(optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps else lr)
-    key = jax.random.key(seed)
-    init_key, order_key = jax.random.split(key)
-    steps = make_steps(model, tx, make_backend(backend, devices), grad_allreduce)
+    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume)
+    log(f"config: {config}")
+    model, tx, key = get_model(config.model, **config.model_options()), optimizer(config), \
+        jax.random.key(config.seed)
+    steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
+                       config.allreduce)
     dp = steps.backend
-    state = dp.replicate(init_state(model, tx, init_key))
-    config = {"model": name, "backend": backend, "devices": len(devices), "batch_size": batch_size,
-              "lr": lr, "seed": seed, "drop_remainder": drop_remainder, "train_examples": n,
-              "warmup_steps": warmup_steps}
-    ckpt = Checkpointer(checkpoint_dir, config) if checkpoint_dir else None
-    epoch, start, history, metrics, order, global_step = 0, 0, [], None, None, 0
-    snapshot = ckpt.restore(_snapshot(dp, state, dp.replicate(zero_metrics()), np.arange(n),
-                                      key, 0, 0, 0, [])) if ckpt and resume else None
-    if snapshot is not None:
-        state = TrainState(dp.replicate(snapshot.state["params"]),
-                           dp.from_host(snapshot.state["model_state"]),
-                           dp.replicate(snapshot.state["opt_state"]))
-        metrics, order = dp.replicate(snapshot.metrics), snapshot.order
-        epoch, start, history = snapshot.epoch, snapshot.step, snapshot.history
-        global_step, key = snapshot.global_step, jax.random.wrap_key_data(snapshot.key)
-        order_key = jax.random.split(key)[1]
-        log(f"resuming from {checkpoint_dir} at epoch {epoch + 1}, step {start}")
-
+    state = dp.replicate(init_state(model, tx, jax.random.split(key)[0]))
+    metrics, record = dp.replicate(zero_metrics()), Record(0, 0, 0, epoch_order(config, key, 0), key)
+    ckpt = Checkpointer(checkpoint_dir, config, dp) if checkpoint_dir else None
+    if resume and (restored := ckpt.restore(state, metrics, record)) is not None:
+        state, metrics, record = restored
+        log(f"resuming from {checkpoint_dir} at epoch {record.epoch + 1}, step {record.step}")
     start_time = time.perf_counter()
-    steps = _compile(steps, state, data_lib.padded_size(batch_size, len(devices)),
+    steps = _compile(steps, state, data_lib.padded_size(config.batch_size, config.devices),
                      train_data.images.shape[1:])
     compile_s = time.perf_counter() - start_time
-    log(f"compile {compile_s:.1f} sec on {len(devices)} device(s)")
+    log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
+    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
 
-    def save(state, metrics, order, epoch, step):
-        ckpt.save(_snapshot(dp, state, metrics, order, key, epoch, step, global_step + step - start,
-                            history))
-
+    in_flight = dispatch.InFlight(timeout_s=step_timeout)
     with dispatch.stop_requests() as stop:
-        while epoch < epochs:
-            if order is None:
-                order = data_lib.epoch_order(n, jax.random.fold_in(order_key, epoch))
-
-            def on_step(i, state, metrics):
-                if (ckpt and checkpoint_every and (global_step + i - start) % checkpoint_every == 0) \
-                        or stop.signum is not None:
-                    _check_finite(dp, metrics, epoch)
-                    if ckpt:
-                        save(state, metrics, order, epoch, i)
-                if stop.signum is not None:
-                    where = f"epoch {epoch + 1}, step {i}"
-                    saved = (f"checkpoint saved in {checkpoint_dir}: rerun with --resume"
-                             if ckpt else "no --checkpoint-dir, so nothing was saved")
-                    raise Interrupted(stop.signum, f"interrupted at {where}; {saved}")
-                return False
-
+        while record.epoch < config.epochs:
             epoch_start = time.perf_counter()
-            state, metrics = train_epoch(
-                steps, state, train_data, batch_size, order, metrics=metrics, start=start,
-                drop_remainder=drop_remainder, on_step=on_step, step_timeout=step_timeout,
-                progress=f"epoch {epoch + 1}" if progress else None)
+            with _bar(progress, record, per_epoch) as bar:
+                for batch in data_lib.batches(train_data, config.batch_size,
+                                              num_devices=config.devices, order=record.order,
+                                              start=record.step,
+                                              drop_remainder=config.drop_remainder):
+                    state, metrics = steps.train_batch(state, metrics, dp.shard(batch))
+                    record = record.stepped()
+                    in_flight.add(metrics, f"step {record.step} of epoch {record.epoch + 1}")
+                    bar.update()
+                    if record.step < per_epoch:  # An epoch's last step is saved at its end.
+                        _between_steps(dp, ckpt, state, metrics, record, stop, due=bool(
+                            checkpoint_every and record.global_step % checkpoint_every == 0))
+                in_flight.drain()
             time_s = time.perf_counter() - epoch_start
-            sums = _check_finite(dp, metrics, epoch)
-            global_step += int(sums["steps"]) - start
-            test_acc = evaluate_accuracy(steps, state, test_data, batch_size)
-            history.append({"epoch": epoch + 1, "time_s": time_s,
-                            "train_loss": sums["loss_sum"] / sums["count"],
-                            "train_acc": sums["correct"] / sums["count"], "test_acc": test_acc})
-            log(f"epoch {epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
-            epoch, start, metrics, order = epoch + 1, 0, None, None
-            if ckpt:
-                next_order = data_lib.epoch_order(n, jax.random.fold_in(order_key, epoch))
-                ckpt.save(_snapshot(dp, state, dp.replicate(zero_metrics()), next_order, key,
-                                    epoch, 0, global_step, history))
+            sums = _check_finite(dp, metrics, record)
+            test_acc = evaluate_accuracy(steps, state, test_data, config.batch_size)
+            log(f"epoch {record.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+            record = record.next_epoch(
+                {"epoch": record.epoch + 1, "time_s": time_s, "test_acc": test_acc,
+                 "train_loss": sums["loss_sum"] / sums["count"],
+                 "train_acc": sums["correct"] / sums["count"]},
+                epoch_order(config, record.key, record.epoch + 1))
+            metrics = dp.replicate(zero_metrics())
+            _between_steps(dp, ckpt, state, metrics, record, stop, due=True,
+                           finished=record.epoch == config.epochs)
     if ckpt:
         ckpt.close()
-    return {"devices": len(devices), "batch_size": batch_size, "lr": lr,
-            "compile_s": compile_s, "epochs": history, "state": dp.unreplicate(state)}
+    return {"config": dataclasses.asdict(config), "compile_s": compile_s,
+            "epochs": list(record.history), "state": dp.unreplicate(state)}
 
 
-def _check_finite(backend: Backend, metrics: dict, epoch: int) -> dict:
+def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume):
+    """Refuse data that is not the config's, and checkpoint options that cannot work."""
+    for split, data in (("train", train_data), ("test", test_data)):
+        if len(data.labels) != getattr(config, f"{split}_examples"):
+            raise ParamError(f"{split}_examples", f"{{}} is {getattr(config, f'{split}_examples')}"
+                             f" but the {split} data holds {len(data.labels)} examples")
+    if checkpoint_every < 0:
+        raise ParamError("checkpoint_every", f"{{}} must be 0 (epoch ends only) or more, "
+                         f"got {checkpoint_every}")
+    if (resume or checkpoint_every) and not checkpoint_dir:
+        raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
+
+
+def _bar(progress: bool, record: Record, total: int) -> tqdm.tqdm:
+    """A progress bar over an epoch's steps, shown only on a terminal (None: tqdm's TTY test)."""
+    return tqdm.tqdm(total=total, initial=record.step, desc=f"epoch {record.epoch + 1}",
+                     unit="batch", leave=False, disable=None if progress else True)
+
+
+def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics, record: Record,
+                   stop, *, due: bool, finished: bool = False) -> None:
+    """The periodic actions: save when due or asked to stop, then stop if asked (unless finished)."""
+    stopping = stop.signum is not None and not finished
+    if not (due or stopping):
+        return
+    _check_finite(backend, metrics, record)  # Never save, nor stop quietly, past a bad step.
+    if ckpt:
+        ckpt.save(state, metrics, record)
+    if stopping:
+        where = f"epoch {record.epoch + 1}, step {record.step}"
+        raise Interrupted(stop.signum, where, str(ckpt.directory) if ckpt else None)
+
+
+def _check_finite(backend: Backend, metrics: dict, record: Record) -> dict:
     """The epoch's sums on the host; NonFiniteError if a step went non-finite."""
     sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
     if sums["first_bad"] >= 0:
-        raise NonFiniteError(
-            f"loss or gradients became non-finite at epoch {epoch + 1}, step "
+        raise NonFiniteError("lr", (
+            f"loss or gradients became non-finite at epoch {record.epoch + 1}, step "
             f"{sums['first_bad'] + 1}; training stopped with the last good state "
-            "(and checkpoint): lower --lr")
+            "(and checkpoint): lower {}"))
     return sums
-
-
-def _snapshot(backend, state, metrics, order, key, epoch, step, global_step, history) -> Snapshot:
-    """A host-side Snapshot of a placed state and metrics."""
-    host = {"params": backend.unreplicate(state.params),
-            "model_state": backend.to_host(state.model_state),
-            "opt_state": backend.unreplicate(state.opt_state)}
-    return Snapshot(host, backend.unreplicate(metrics), np.asarray(order),
-                    np.asarray(jax.random.key_data(key)), epoch, step, global_step, list(history))
 
 
 def _compile(steps: Steps, state: TrainState, size: int, image_shape) -> Steps:

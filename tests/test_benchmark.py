@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
+import numpy as np
+
 from jax_dp import benchmark, models
+from jax_dp.devices import get_devices
 
 
 def test_step_flops_match_the_models_arithmetic():
@@ -17,8 +20,33 @@ def test_step_flops_match_the_models_arithmetic():
     assert 2.8 * forward < flops < 3.2 * forward
 
 
-def test_matmul_ceiling_is_a_plausible_rate():
-    assert 1 < benchmark.matmul_ceiling(n=256, repeats=3) < 1e5
+class FakeClock:
+    """time.perf_counter that advances by `tick` seconds at every reading."""
+
+    def __init__(self, tick):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+def test_matmul_ceiling_is_flops_over_the_median_time(monkeypatch):
+    """Catches a wrong FLOP count or unit (2 n^3 multiply-adds, GFLOP/s): each product takes
+    exactly one tick of a fake clock, so the rate is known."""
+    monkeypatch.setattr(benchmark.time, "perf_counter", FakeClock(0.5))
+    assert benchmark.matmul_ceiling(n=64, repeats=3) == pytest.approx(2 * 64**3 / 0.5 / 1e9)
+
+
+def test_time_steps_reports_seconds_per_step(monkeypatch):
+    """Catches a per-step time off by the number of steps or repeats: with a fake clock
+    ticking 1 s per reading, a repeat of 4 steps spans 1 s, so 0.25 s per step."""
+    batches = [{"image": np.zeros((4, 28, 28, 1), np.float32), "label": np.zeros(4, np.int32),
+                "mask": np.ones(4, np.float32)}] * 4
+    monkeypatch.setattr(benchmark.time, "perf_counter", FakeClock(1.0))
+    result = benchmark.time_steps(models.get_model("lenet"), "pmap", get_devices(2), batches,
+                                  repeats=3)
+    assert result["step_s"] == [0.25] * 3 and result["compile_s"] == 1.0
 
 
 def test_the_benchmark_times_each_path_and_device_count(tmp_path):
@@ -37,7 +65,8 @@ def test_the_benchmark_times_each_path_and_device_count(tmp_path):
 
 
 def test_the_torch_peer_trains_the_same_models():
-    torch = pytest.importorskip("torch")
+    import torch
+
     from jax_dp import torch_peer
 
     count = lambda net: sum(p.numel() for p in net.parameters())

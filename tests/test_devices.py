@@ -17,9 +17,9 @@ def test_asking_for_more_devices_than_exist_names_what_exists():
 
 @pytest.mark.parametrize("k", [0, -1])
 def test_non_positive_counts_are_refused(k):
-    with pytest.raises(ValueError, match="--devices must be at least 1"):
+    with pytest.raises(ValueError, match="devices must be at least 1"):
         devices.get_devices(k)
-    with pytest.raises(ValueError, match="--devices must be at least 1"):
+    with pytest.raises(ValueError, match="devices must be at least 1"):
         devices.simulate_cpu_devices(k)
 
 
@@ -33,3 +33,20 @@ def test_simulating_more_devices_after_jax_started_is_refused():
 def test_setup_devices_gives_one_set_per_count():
     sets = devices.setup_devices([1, 2, 8])
     assert [len(s) for s in sets] == [1, 2, 8]
+
+
+def test_more_simulated_devices_than_xlas_collective_threads_are_refused():
+    """Catches the limit moving: 256 trains (measured, README), 257 waits forever in XLA."""
+    devices.check_simulated(256)
+    with pytest.raises(ValueError, match="devices 257 is more than the 256 CPU devices XLA can "
+                                         "simulate in one process"):
+        devices.check_simulated(257)
+
+
+def test_more_simulated_devices_than_memory_holds_are_refused():
+    """Each simulated device holds 3 copies of the model; 4 GiB stay for everything else."""
+    model, free = 100 * 2**20, 10 * 2**30
+    devices.check_simulated(20, model, available=free)  # 20 x 300 MiB fit in 10 - 4 GiB.
+    with pytest.raises(ValueError, match=r"devices 21 would hold 21 copies of a 100 MB model, "
+                                         r"more than the 10.0 GiB of free memory allow: pass 20"):
+        devices.check_simulated(21, model, available=free)

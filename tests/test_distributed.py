@@ -15,13 +15,9 @@ FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", 
 
 def final_state(directory):
     """Params and optimizer state of the run's last checkpoint."""
-    import orbax.checkpoint as ocp
-
     (run_dir,) = Path(directory).glob("*dev-*")
-    ckpt = checkpoint.Checkpointer(run_dir, {})
-    step = ckpt.manager.latest_step()
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
-    return step, restored["arrays"]["state"]
+    step, arrays, _ = checkpoint.latest(run_dir)
+    return step, arrays["state"]
 
 
 def lenet(*flags, processes=None):
@@ -39,7 +35,7 @@ def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path, bac
     one = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     assert two.stdout.count("epoch 1, time") == 1  # Process 0 alone prints ...
-    assert json.loads((tmp_path / "two.json").read_text())["runs"][0]["devices"] == 4  # ... and writes.
+    assert json.loads((tmp_path / "two.json").read_text())["runs"][0]["config"]["devices"] == 4  # ... and writes.
     (step_two, two_state), (step_one, one_state) = final_state(tmp_path / "two"), final_state(tmp_path / "one")
     assert step_two == step_one == 2 * 10
     # The same per-device work; only the cross-process sum (gloo) adds in another order.

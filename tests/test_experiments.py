@@ -1,11 +1,15 @@
 """The experiments as a user runs them: flags, the book's lines, JSON, one-line errors."""
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from jax_dp.config import TrainConfig
 
 
 def run(module, *flags, env=None):
@@ -22,8 +26,12 @@ def test_lenet_prints_the_books_lines_and_writes_the_json(tmp_path):
     lines = proc.stdout.splitlines()
     assert sum(line.startswith("epoch ") and ", test acc " in line for line in lines) == 4
     assert "sec/epoch on 2 device(s)" in lines[-1]
+    assert sum(line.startswith("config: model=lenet conv=auto") for line in lines) == 2
+    assert "\r" not in proc.stderr  # No progress bar where output is not a terminal.
     runs = json.loads(out.read_text())["runs"]
-    assert [(r["devices"], r["batch_size"], r["lr"]) for r in runs] == [(1, 64, 0.2), (2, 64, 0.2)]
+    assert [runs[i]["config"] for i in (0, 1)] == [dataclasses.asdict(TrainConfig(
+        devices=k, batch_size=64, lr=0.2, epochs=2, train_examples=600, test_examples=300))
+        for k in (1, 2)]
     assert [e["epoch"] for e in runs[1]["epochs"]] == [1, 2]
     assert set(runs[0]["epochs"][0]) == {"epoch", "time_s", "train_loss", "train_acc", "test_acc"}
 
@@ -33,13 +41,13 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
     proc = run("experiments.resnet18", "--epochs", "1", "--train-examples", "16",
                "--test-examples", "8", "--batch-size", "8,16", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    payload = json.loads(out.read_text())
-    assert payload["bn"] == "sync"
-    assert [(r["devices"], r["batch_size"], r["lr"]) for r in payload["runs"]] == [(1, 8, 0.1), (2, 16, 0.2)]
+    configs = [r["config"] for r in json.loads(out.read_text())["runs"]]
+    assert [(c["model"], c["bn"], c["devices"], c["batch_size"], c["lr"]) for c in configs] == [
+        ("resnet18", "sync", 1, 8, 0.1), ("resnet18", "sync", 2, 16, 0.2)]
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--devices", "0"], "--devices must be positive counts"),
+    (["--devices", "0"], "--devices must be at least 1, got 0"),
     (["--devices", "4", "--env", "JAX_NUM_CPU_DEVICES=2"],
      "asked for 4 devices but only 2 exist (cpu:0, cpu:1); pass --devices 2 or fewer"),
     (["--devices", "two"], "argument --devices: expected counts"),
@@ -52,6 +60,13 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
     (["--data-source", "/nonexistent", "--data-dir", "/tmp/jax-dp-empty-tfds"],
      "is missing from /nonexistent"),
     (["--model", "lenet"], "unrecognized arguments: --model lenet"),
+    (["--devices", "999"], "--devices 999 is more than the 256 CPU devices XLA can simulate"),
+    (["--devices", "1,257"], "--devices 257 is more than the 256 CPU devices"),
+    (["--train-examples", "100000"], "--train-examples 100000 is more than the 60,000 train images"),
+    (["--backend", "jit", "--allreduce", "ring"],
+     "--allreduce ring is written for the pmap backend; use --backend pmap"),
+    (["--backend", "single", "--devices", "2"], "--backend single runs on one device, not 2"),
+    (["--checkpoint-every", "3"], "--resume and --checkpoint-every need --checkpoint-dir"),
 ])
 def test_bad_flags_get_one_line_and_exit_code_2(flags, message):
     env = {"JAX_DP_NO_TCMALLOC": "1"}
@@ -81,7 +96,7 @@ def test_lr_scaling_and_plot(tmp_path):
                "--epochs", "1", "--train-examples", "256", "--test-examples", "64",
                "--plot", str(plot), "--json", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    assert [r["lr"] for r in json.loads(out.read_text())["runs"]] == [0.2, 0.4]
+    assert [r["config"]["lr"] for r in json.loads(out.read_text())["runs"]] == [0.2, 0.4]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,3 +123,29 @@ def test_compare_refuses_a_batch_that_does_not_split():
     assert proc.returncode == 2
     assert proc.stderr == ("python -m experiments.compare: error: --batch-size 6 does not split "
                            "over 4 devices: use a multiple of every device count\n")
+
+
+def test_resnet18_refuses_more_simulated_devices_than_memory_holds():
+    proc = run("experiments.resnet18", "--devices", "1,256", env={"JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--devices 256 would hold 256 copies of a 43 MB model" in proc.stderr
+
+
+def test_a_resume_with_another_flag_is_refused_naming_the_flag_and_both_values(tmp_path):
+    flags = ["--devices", "2", "--epochs", "1", "--train-examples", "64", "--test-examples", "32",
+             "--batch-size", "16", "--checkpoint-dir", str(tmp_path), "--conv", "xla"]
+    assert run("experiments.lenet", *flags).returncode == 0
+    proc = run("experiments.lenet", *flags[:-1], "im2col", "--epochs", "2", "--resume")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert ("was written with --conv 'xla', this run has --conv 'im2col' (only a larger epochs "
+            "may change): resume with the same values or use another --checkpoint-dir") in proc.stderr
+
+
+def test_help_states_each_default_once():
+    """Catches argparse's '(default: ...) (default: None)' doubles and defaults never shown."""
+    text = " ".join(run("experiments.lenet", "--help").stdout.split())
+    for option in re.split(r" (?=--[a-z-]+ )", text.split("options:")[1]):
+        assert option.count("(default:") <= 1, option
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "--train-examples TRAIN_EXAMPLES train on the first N training examples (default: 60000)" in text
+    assert "--seed SEED seed of params and data order (default: 0)" in text

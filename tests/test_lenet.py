@@ -3,10 +3,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jax_dp.models.lenet import init_lenet, lenet
 
-from helpers import random_batches, run_steps
+from helpers import numpy_lenet, random_batches, run_steps
 
 
 def test_parameter_count_is_exact():
@@ -33,10 +34,20 @@ def test_same_key_same_params_other_key_other_params():
     assert not np.array_equal(a["fc1"]["w"], c["fc1"]["w"])
 
 
-def test_layers_compute_what_the_book_says():
-    params = jax.tree.map(jnp.zeros_like, init_lenet(jax.random.key(0)))
-    params["fc2"]["b"] = jnp.arange(10.0)  # All weights zero: logits are the last bias.
-    np.testing.assert_array_equal(lenet(params, jnp.ones((2, 28, 28, 1))), np.tile(np.arange(10.0), (2, 1)))
+@pytest.mark.parametrize("conv", ["xla", "im2col"])
+def test_layers_compute_what_the_book_says(conv):
+    """Catches any change to a layer (sizes, order, pooling, activation, flattening): the
+    logits must equal a numpy LeNet's, written apart, for random nonzero weights."""
+    from jax_dp.models.lenet import CONVS
+
+    with jax.enable_x64(True):
+        params = jax.tree.map(lambda p: p.astype(jnp.float64) + 0.05,
+                              init_lenet(jax.random.key(0), scale=0.3))
+        x = np.random.default_rng(0).normal(size=(3, 28, 28, 1))
+        got = lenet(params, jnp.asarray(x), CONVS[conv])
+        want = numpy_lenet(params, x)
+    assert np.abs(want).max() > 1  # Logits far from zero: every layer contributes.
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
 
 def test_im2col_convolution_equals_lax_conv():

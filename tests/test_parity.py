@@ -47,7 +47,7 @@ def test_softplus_replaces_every_relu():
         params, {}, x, None, train=True, axis_name=None)[0]
     np.testing.assert_array_equal(smooth, models.lenet(params, x, act=jax.nn.softplus))
     assert not np.allclose(smooth, models.lenet(params, x))
-    with pytest.raises(ValueError, match="unknown --activation 'tanh': use one of relu, softplus"):
+    with pytest.raises(ValueError, match="unknown activation 'tanh': use one of relu, softplus"):
         models.get_model("resnet18", activation="tanh")
 
 

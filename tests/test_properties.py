@@ -10,7 +10,9 @@ import optax
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from jax_dp import data, models, parallel, train
+from helpers import torch_sgd_step
+
+from jax_dp import data, models, parallel, parity, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -112,15 +114,27 @@ def run(k, batches, lr=0.3):
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_a_run_under_fake_pmap_equals_the_real_pmap_run(k):
-    batches = [batch_of(16, s) for s in range(3)]
-    real_state, real_step = run(k, batches)
-    with chex.fake_pmap():
-        fake_state, fake_step = run(k, batches)
-    assert hasattr(real_step, "lower") and not hasattr(fake_step, "lower")  # vmap, not pmap.
-    real, fake = parallel.unreplicate(real_state.params), parallel.unreplicate(fake_state.params)
-    # vmap computes the same per-shard sums in one program: round-off apart, nothing else.
-    chex.assert_trees_all_close(fake, real, rtol=1e-5, atol=1e-8)
+def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k):
+    """Catches a step that pmap and chex.fake_pmap (vmap) compute alike but wrongly: one SGD
+    step of each against PyTorch's autograd on the same params and batch, in float64."""
+    batch = batch_of(16, 0)
+    with jax.enable_x64(True):
+        tx = optax.sgd(0.3)
+        state = parity.cast(train.init_state(LENET, tx, jax.random.key(0)), jnp.float64)
+        b64 = parity.cast(batch, jnp.float64)
+        runs = {}
+        for name in ("pmap", "fake_pmap"):
+            with chex.fake_pmap(enable_patching=name == "fake_pmap"):
+                steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+                assert hasattr(steps.train_batch, "lower") == (name == "pmap")  # vmap, not pmap.
+                b = steps.backend
+                out, _ = steps.train_batch(b.replicate(state), b.replicate(
+                    parity.cast(train.zero_metrics(), jnp.float64)), b.shard(b64))
+                runs[name] = b.unreplicate(out).params
+    want = torch_sgd_step(state.params, batch, lr=0.3)
+    for name, params in runs.items():
+        for got, ref in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
 @settings(max_examples=5, deadline=None, derandomize=True)
@@ -132,16 +146,41 @@ def test_replicas_stay_bitwise_identical(k, steps, seed):
         assert all(np.array_equal(replicas[0], r) for r in replicas[1:])
 
 
-def test_one_compilation_per_shape_across_epochs(monkeypatch):
-    counted = chex.assert_max_traces(train.train_step, n=1)
-    monkeypatch.setattr(train, "train_step", counted)
+def traced_steps(k):
+    """LeNet's pmapped step, traced lazily (not ahead of time) and allowed one trace only."""
+    tx = optax.sgd(0.1)
+    counted = functools.partial(chex.assert_max_traces(train.train_step, n=1), model=LENET,
+                                tx=tx, axis_name=parallel.AXIS)
+    step = jax.pmap(counted, axis_name=parallel.AXIS, devices=get_devices(k))
+    b = make_backend("pmap", get_devices(k))
+    return step, b, b.replicate(train.init_state(LENET, tx, jax.random.key(0)))
+
+
+def test_padded_batches_compile_once_across_epochs():
+    """Catches a batch of another shape (an unpadded last batch) that would recompile the step."""
     split = data.Split(np.random.default_rng(0).random((50, 28, 28, 1), np.float32),
                        np.arange(50, dtype=np.int32) % 10)
-    # 50 examples in batches of 16: the last batch of 2 is padded, so no second shape.
-    history = train.train(LENET, split, split, get_devices(4), batch_size=16, epochs=3,
-                          log=lambda _: None)
-    assert len(history["epochs"]) == 3
-    chex.clear_trace_counter()
+    step, b, state = traced_steps(4)
+    metrics = b.replicate(train.zero_metrics())
+    try:  # 50 examples in batches of 16: the last batch of 2 is padded to 4, no second shape.
+        for epoch in range(3):
+            order = data.epoch_order(50, jax.random.key(epoch))
+            for batch in data.batches(split, 16, num_devices=4, order=order):
+                state, metrics = step(state, metrics, b.shard(batch))
+        assert b.unreplicate(metrics)["count"] == 150
+    finally:
+        chex.clear_trace_counter()
+
+
+def test_a_batch_of_another_shape_trips_the_trace_guard():
+    step, b, state = traced_steps(2)
+    metrics = b.replicate(train.zero_metrics())
+    try:
+        state, metrics = step(state, metrics, b.shard(batch_of(16, 0)))
+        with pytest.raises(AssertionError, match="traced > 1 times"):
+            step(state, metrics, b.shard(batch_of(2, 1)))
+    finally:
+        chex.clear_trace_counter()
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)

@@ -58,6 +58,42 @@ def test_batchnorm_training_normalises_with_masked_batch_statistics():
     np.testing.assert_allclose(updates["batch_stats"]["var"], 0.5 + 0.5 * real.var(0), rtol=1e-4)
 
 
+def test_batchnorm_defaults_are_momentum_0_9_epsilon_1e_5_and_the_biased_variance():
+    """Catches a change of momentum, epsilon or the variance's divisor (n, not n - 1):
+    checked by hand in float64 on a batch whose variance is near epsilon, so each shows."""
+    with jax.enable_x64(True):
+        x = np.random.default_rng(0).normal(size=(5, 3, 2, 4)) * 3e-3 + 0.5
+        mask = np.ones(5)
+        bn = BatchNorm()
+        variables = bn.init(jax.random.key(0), jnp.asarray(x), jnp.asarray(mask), train=False)
+        y, updates = bn.apply(variables, jnp.asarray(x), jnp.asarray(mask), train=True,
+                              mutable=["batch_stats"])
+        stats = updates["batch_stats"]
+        y_eval = bn.apply({**variables, "batch_stats": stats}, jnp.asarray(x), jnp.asarray(mask),
+                          train=False)
+    rows = x.reshape(-1, 4)
+    mean, var = rows.mean(0), ((rows - rows.mean(0)) ** 2).sum(0) / len(rows)
+    np.testing.assert_allclose(y, (x - mean) / np.sqrt(var + 1e-5), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(stats["mean"], 0.9 * 0 + 0.1 * mean, rtol=1e-12)
+    np.testing.assert_allclose(stats["var"], 0.9 * 1 + 0.1 * var, rtol=1e-12)
+    np.testing.assert_allclose(y_eval, (x - 0.1 * mean) / np.sqrt(0.9 + 0.1 * var + 1e-5),
+                               rtol=1e-10)
+
+
+def test_resnet18_uses_those_defaults_in_its_stem():
+    """Catches the model overriding BatchNorm's defaults: the stem's running statistics after
+    one training pass, against a hand computation from the stem convolution's output."""
+    with jax.enable_x64(True):
+        params, state = parity.cast(RESNET.init(jax.random.key(0)), jnp.float64)
+        x = jnp.asarray(np.random.default_rng(1).random((4, 28, 28, 1)))
+        _, new_state = RESNET.apply(params, state, x, jnp.ones(4), train=True, axis_name=None)
+        stem = jax.lax.conv_general_dilated(x, params["Conv_0"]["kernel"], (1, 1), ((1, 1), (1, 1)),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    rows = np.asarray(stem).reshape(-1, 64)
+    np.testing.assert_allclose(new_state["BatchNorm_0"]["mean"], 0.1 * rows.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(new_state["BatchNorm_0"]["var"], 0.9 + 0.1 * rows.var(0), rtol=1e-9)
+
+
 def assert_each_leaf_close(tree, reference, rel):
     """Every leaf's max |difference| is at most rel times that leaf's max |value|."""
     for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference)):
@@ -118,5 +154,5 @@ def test_evaluation_is_deterministic_and_counts_every_example():
 
 
 def test_unknown_bn_mode_is_refused():
-    with pytest.raises(ValueError, match="unknown --bn 'global'"):
+    with pytest.raises(ValueError, match="unknown bn 'global'"):
         models.get_model("resnet18", bn="global")

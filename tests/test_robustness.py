@@ -1,5 +1,7 @@
 """Nothing lost, nothing silent: uneven batches, non-finite steps, checkpoints, signals, hangs."""
 
+import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +16,9 @@ import pytest
 
 from jax_dp import checkpoint, data, dispatch, models, parity, train
 from jax_dp.backends import make_backend
+from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
+from jax_dp.errors import ParamError
 
 from helpers import run_steps
 
@@ -65,24 +69,32 @@ def tiny_split(n=96, seed=0):
     return data.Split(rng.random((n, 28, 28, 1), np.float32), rng.integers(0, 10, n).astype(np.int32))
 
 
+def quiet(_):
+    pass
+
+
+def config_for(split, **fields):
+    """A 2-device LeNet config over split (as both train and test data)."""
+    n = len(split.labels)
+    return TrainConfig(**{"devices": 2, "batch_size": 16, "epochs": 1, "train_examples": n,
+                          "test_examples": n, **fields})
+
+
 def test_drop_remainder_skips_the_partial_batch():
     split = tiny_split(50)
-    kept = train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=1, log=lambda _: None)
-    dropped = train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=1,
-                          drop_remainder=True, log=lambda _: None)
+    kept = train.train(config_for(split), split, split, log=quiet)
+    dropped = train.train(config_for(split, drop_remainder=True), split, split, log=quiet)
     assert kept["epochs"][0]["train_acc"] * 50 == pytest.approx(round(kept["epochs"][0]["train_acc"] * 50))
     assert dropped["epochs"][0]["train_acc"] * 48 == pytest.approx(round(dropped["epochs"][0]["train_acc"] * 48))
 
 
 def test_a_non_finite_step_stops_training_naming_epoch_and_step(tmp_path):
     split = tiny_split()
-    with pytest.raises(train.NonFiniteError, match=r"non-finite at epoch 1, step \d+; .*lower --lr"):
-        train.train(LENET, split, split, get_devices(2), batch_size=8, lr=1e30, epochs=2,
-                    checkpoint_dir=str(tmp_path), checkpoint_every=1, log=lambda _: None)
-    kept = checkpoint.Checkpointer(tmp_path, {}).manager.latest_step()
-    assert kept is not None  # The last good checkpoint is still there ...
-    snap = restore(tmp_path)
-    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(snap.state))  # ... and finite.
+    with pytest.raises(train.NonFiniteError, match=r"non-finite at epoch 1, step \d+; .*lower lr"):
+        train.train(config_for(split, batch_size=8, lr=1e30, epochs=2), split, split,
+                    checkpoint_dir=str(tmp_path), checkpoint_every=1, log=quiet)
+    _, arrays, _ = checkpoint.latest(tmp_path)  # The last good checkpoint is still there ...
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(arrays["state"]))  # ... and finite.
 
 
 def test_the_step_leaves_the_state_alone_once_it_is_not_finite():
@@ -99,19 +111,16 @@ def test_the_step_leaves_the_state_alone_once_it_is_not_finite():
         np.testing.assert_array_equal(a, c)
 
 
-def restore(directory):
-    """The latest snapshot in directory, whatever run wrote it."""
-    ckpt = checkpoint.Checkpointer(directory, {})
-    step = ckpt.manager.latest_step()
-    import orbax.checkpoint as ocp
-    arrays = ckpt.manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore()))
-    return checkpoint.Snapshot(arrays["arrays"]["state"], None, None, None, None, None, step, None)
+def final_params(directory):
+    """Params and global step of the latest checkpoint in directory, whatever run wrote it."""
+    step, arrays, _ = checkpoint.latest(directory)
+    return step, arrays["state"]
 
 
 def test_same_seed_same_devices_gives_bitwise_identical_params():
     split = tiny_split()
-    runs = [train.train(LENET, split, split, get_devices(2), batch_size=16, epochs=2, seed=3,
-                        log=lambda _: None)["state"] for _ in range(2)]
+    runs = [train.train(config_for(split, epochs=2, seed=3), split, split, log=quiet)["state"]
+            for _ in range(2)]
     for a, b in zip(jax.tree.leaves(runs[0]), jax.tree.leaves(runs[1])):
         np.testing.assert_array_equal(a, b)
 
@@ -146,7 +155,7 @@ def uninterrupted(tmp_path_factory):
     proc = start(directory)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
-    return restore(next(Path(directory).glob("*dev-*")))
+    return final_params(next(Path(directory).glob("*dev-*")))
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
@@ -164,18 +173,103 @@ def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, un
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert "resuming from" in out
-    final = restore(next(tmp_path.glob("*dev-*")))
-    assert final.global_step == uninterrupted.global_step
-    for a, b in zip(jax.tree.leaves(final.state), jax.tree.leaves(uninterrupted.state)):
+    step, final = final_params(next(tmp_path.glob("*dev-*")))
+    assert step == uninterrupted[0]
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(uninterrupted[1])):
         np.testing.assert_array_equal(a, b)
 
 
-def test_resuming_with_other_flags_is_refused(tmp_path):
-    split = tiny_split()
-    kwargs = dict(batch_size=16, epochs=1, checkpoint_dir=str(tmp_path), log=lambda _: None)
-    train.train(LENET, split, split, get_devices(2), **kwargs)
-    with pytest.raises(ValueError, match=r"is of another run \(\{'batch_size': 16\}\)"):
-        train.train(LENET, split, split, get_devices(2), **{**kwargs, "batch_size": 32}, resume=True)
+# 64 examples in batches of 16 on 2 devices: 4 steps an epoch, 8 in the run.
+SPLIT = tiny_split(64)
+RUN = config_for(SPLIT, epochs=2)
+
+
+@pytest.fixture(scope="module")
+def straight():
+    """Final params of RUN, never interrupted, never checkpointed."""
+    return train.train(RUN, SPLIT, SPLIT, log=quiet)["state"]
+
+
+def signal_at(monkeypatch, step, signum=signal.SIGTERM):
+    """Make the process receive signum while training takes the run's step-th batch."""
+    real, fetched = data.batches, [0]
+
+    def batches(*args, order=None, **kwargs):
+        for batch in real(*args, order=order, **kwargs):
+            if order is not None:  # Training's batches, not evaluation's.
+                fetched[0] += 1
+                if fetched[0] == step:
+                    os.kill(os.getpid(), signum)
+            yield batch
+
+    monkeypatch.setattr(train.data_lib, "batches", batches)
+
+
+def assert_bitwise_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("every,stop_at", [(1, 4), (2, 4), (4, 4), (0, 4), (4, 2), (2, 5), (1, 8)])
+def test_a_run_stopped_at_any_step_resumes_to_bitwise_the_same_params(tmp_path, monkeypatch, straight,
+                                                                      every, stop_at):
+    """Catches a save that collides with the epoch-end save (every = 1, 2 and 4 all divide
+    the 4 steps of an epoch; a signal on an epoch's last step, 4, or the run's, 8) and any
+    resume that does not continue exactly where the run stopped."""
+    saved = []
+    real_save = checkpoint.Checkpointer.save
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", lambda self, state, metrics, record: (
+        saved.append(record.global_step), real_save(self, state, metrics, record))[1])
+    signal_at(monkeypatch, stop_at)
+    options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=every, log=quiet)
+    if stop_at < 8:
+        with pytest.raises(train.Interrupted, match=f"checkpoint saved in {tmp_path}"):
+            train.train(RUN, SPLIT, SPLIT, **options)
+    else:  # A signal on the run's last step comes too late to stop it.
+        train.train(RUN, SPLIT, SPLIT, **options)
+    due = [s for s in range(1, stop_at + 1) if (every and s % every == 0) or s % 4 == 0]
+    assert saved == sorted(set(due + [stop_at]))  # Each global step saved once at most.
+    step, _, meta = checkpoint.latest(tmp_path)
+    assert step == stop_at and (meta["epoch"], meta["step"]) == divmod(stop_at, 4)
+    assert len(meta["history"]) == stop_at // 4  # At an epoch's end, its evaluation is saved.
+    monkeypatch.undo()
+    resumed = train.train(RUN, SPLIT, SPLIT, resume=True, **options)
+    assert_bitwise_equal(resumed["state"], straight)
+    assert [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+
+
+def test_a_finished_run_resumed_with_more_epochs_equals_the_longer_run(tmp_path, straight):
+    options = dict(checkpoint_dir=str(tmp_path), log=quiet)
+    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT, **options)
+    longer = train.train(RUN, SPLIT, SPLIT, resume=True, **options)
+    assert_bitwise_equal(longer["state"], straight)
+
+
+@pytest.fixture(scope="module")
+def finished_checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpt")
+    train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(directory), log=quiet)
+    return directory
+
+
+@pytest.mark.parametrize("change", [{"conv": "xla"}, {"activation": "softplus"},
+                                    {"allreduce": "ring"}, {"seed": 1}, {"batch_size": 32},
+                                    {"epochs": 1}, {"lr": 0.1}, {"warmup_epochs": 1.0},
+                                    {"test_examples": 32}])
+def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint, change):
+    (field, value), = change.items()
+    test = data.Split(SPLIT.images[:32], SPLIT.labels[:32]) if field == "test_examples" else SPLIT
+    with pytest.raises(ParamError) as e:
+        train.train(dataclasses.replace(RUN, **change), SPLIT, test, resume=True,
+                    checkpoint_dir=str(finished_checkpoint), log=quiet)
+    old = getattr(RUN, field)
+    assert f"was written with {field} {old!r}, this run has {field} {value!r}" in str(e.value)
+    assert e.value.params == (field, field, "checkpoint_dir")
+
+
+def test_data_that_is_not_the_configs_is_refused():
+    with pytest.raises(ParamError, match="train_examples is 64 but the train data holds 50"):
+        train.train(RUN, tiny_split(50), SPLIT, log=quiet)
 
 
 def test_a_wedged_step_ends_the_run_with_one_line_and_exit_code_3(tmp_path):

@@ -6,6 +6,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 
+from jax_dp.errors import ParamError
+
+# pmap is the book's; single, one device with no collectives, is the reference.
+BACKENDS = ("pmap", "shard_map", "jit", "single")
+
 
 class Backend(NamedTuple):
     """How state and batches are placed on devices, and how a per-shard step is compiled.
@@ -33,5 +38,5 @@ def make_backend(name: str, devices: Sequence[jax.Device]) -> Backend:
     makers = {"single": single.make, "pmap": pmap.make, "shard_map": shard_map.make,
               "jit": jit.make}
     if name not in makers:
-        raise ValueError(f"unknown backend {name!r}: use one of {', '.join(makers)}")
+        raise ParamError("backend", f"unknown {{}} {name!r}: use one of {', '.join(BACKENDS)}")
     return makers[name](tuple(devices))

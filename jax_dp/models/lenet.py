@@ -6,6 +6,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_dp.errors import ParamError
+from jax_dp.models.model import Model, get_activation
+
 Params = dict[str, dict[str, jax.Array]]
 
 # (name, weight shape): convolutions HWIO over NHWC images, dense layers [in, out].
@@ -56,3 +59,24 @@ def lenet(params: Params, X: jax.Array, conv=conv2d, act=jax.nn.relu) -> jax.Arr
     h = h.reshape(h.shape[0], -1)                             # [B, 800]
     h = act(h @ params["fc1"]["w"] + params["fc1"]["b"])
     return h @ params["fc2"]["w"] + params["fc2"]["b"]
+
+
+def _auto_conv(x, layer):
+    # Chosen while tracing, when the backend is known: im2col wins on XLA:CPU only.
+    return (conv2d_im2col if jax.default_backend() == "cpu" else conv2d)(x, layer)
+
+
+CONVS = {"xla": conv2d, "im2col": conv2d_im2col, "auto": _auto_conv}
+
+
+def lenet_model(conv: str = "xla", activation: str = "relu") -> Model:
+    """LeNet as a Model; conv 'xla' (lax.conv), 'im2col' (one matrix product, 2x faster on
+    CPU) or 'auto' (im2col on CPU, lax.conv elsewhere); activation 'relu' or 'softplus'."""
+    if conv not in CONVS:
+        raise ParamError("conv", f"unknown {{}} {conv!r}: use one of {', '.join(CONVS)}")
+    act = get_activation(activation)
+
+    def apply(params, state, x, mask, *, train, axis_name):
+        return lenet(params, x, CONVS[conv], act), state
+
+    return Model(init=lambda key: (init_lenet(key), {}), apply=apply)

@@ -6,6 +6,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
+from jax_dp.errors import ParamError
 
 # ReLU as in the book; softplus is a kink-free stand-in for parity experiments: float32
 # round-off can tip a ReLU input across zero on one device count and not on another.
@@ -15,7 +16,7 @@ ACTIVATIONS = {"relu": jax.nn.relu, "softplus": jax.nn.softplus}
 def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
     """The activation function called name ('relu' or 'softplus')."""
     if name not in ACTIVATIONS:
-        raise ValueError(f"unknown --activation {name!r}: use one of {', '.join(ACTIVATIONS)}")
+        raise ParamError("activation", f"unknown {{}} {name!r}: use one of {', '.join(ACTIVATIONS)}")
     return ACTIVATIONS[name]
 
 

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jax_dp.errors import ParamError
 from jax_dp.models.model import Model, get_activation
 from jax_dp.parallel import allreduce
 
@@ -97,13 +98,16 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes, kernel_init=conv_init)(x)
 
 
+# sync: statistics of the global batch (one all-reduce); local: of each device's shard (the book's).
+BN_MODES = ("sync", "local")
+
 ResNet18 = partial(ResNet, stage_channels=(64, 128, 256, 512), blocks_per_stage=2)
 
 
 def resnet18(bn: str = "sync", num_classes: int = 10, activation: str = "relu") -> Model:
     """ResNet-18 as a Model; bn='sync' uses global-batch statistics, 'local' per-device ones."""
-    if bn not in ("sync", "local"):
-        raise ValueError(f"unknown --bn {bn!r}: use 'sync' or 'local'")
+    if bn not in BN_MODES:
+        raise ParamError("bn", f"unknown {{}} {bn!r}: use one of {', '.join(BN_MODES)}")
     act = get_activation(activation)
 
     def init(key):
