@@ -1,6 +1,19 @@
 """8 simulated CPU devices, set up before any test touches JAX; shared data fixtures."""
 
-from jax_dp import devices
+import atexit
+import os
+import shutil
+import tempfile
+
+# Many tests compile the same small steps: JAX's persistent compilation cache, new for each
+# session and shared with the experiments the tests start, compiles each program once.
+_cache = tempfile.mkdtemp(prefix="jax-dp-test-cache-")
+atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+from jax_dp import devices  # noqa: E402  (after the cache settings: JAX reads them on import)
 
 NDEV = 8
 devices.simulate_cpu_devices(NDEV)

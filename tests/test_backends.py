@@ -56,45 +56,39 @@ def test_every_backend_keeps_batchnorm_statistics_global(resnet_reference, backe
     assert parity.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_every_backend_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_train,
-                                                                          fashion_test, backend):
-    """Catches a backend that does not learn (chance is 0.1; three epochs of 6,000 images reach
-    about 0.7) or that misreports accuracy (it must be a numpy forward pass's, exactly)."""
+def test_training_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_train, fashion_test):
+    """Catches a loop that does not learn (chance is 0.1; three epochs of 6,000 images reach
+    about 0.65) or that misreports accuracy (it must be a numpy forward pass's)."""
     train_split = data.Split(fashion_train.images[:6000], fashion_train.labels[:6000])
     test_split = data.Split(fashion_test.images[:2000], fashion_test.labels[:2000])
-    config = TrainConfig(backend=backend, devices=2, batch_size=32, lr=0.3, epochs=3,
-                         train_examples=6000, test_examples=2000)
+    config = TrainConfig(devices=2, batch_size=32, lr=0.3, epochs=3, train_examples=6000,
+                         test_examples=2000)
     run = train.train(config, train_split, test_split, log=lambda _: None)
     losses = [e["train_loss"] for e in run["epochs"]]
     # The book's Normal(0, 0.01) init starts at chance (loss ln 10) and stays there a while.
     assert losses[0] < np.log(10) + 0.01 and losses[-1] < 1.5, losses
     accuracy = run["epochs"][-1]["test_acc"]
     assert accuracy > 0.5
-    logits = numpy_lenet(run["state"].params, test_split.images)
+    assert_is_numpys_accuracy(accuracy, run["state"].params, test_split)
+
+
+def assert_is_numpys_accuracy(accuracy, params, split):
     # float32 against float64 logits: a near-tie may flip one image's argmax, no more.
-    assert abs(accuracy - np.mean(logits.argmax(1) == test_split.labels)) <= 1 / 2000
+    logits = numpy_lenet(params, split.images)
+    assert abs(accuracy - np.mean(logits.argmax(1) == split.labels)) <= 1 / len(split.labels)
 
 
-@pytest.mark.parametrize("scheme", ["star", "ring"])
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
-def test_hand_made_allreduce_matches_psum(scheme, k):
-    rng = np.random.default_rng(k)
-    x = {"w": rng.normal(size=(k, 5, 7)).astype(np.float32), "b": rng.normal(size=(k, 3)).astype(np.float32)}
-    mapped = lambda fn: jax.pmap(fn, axis_name=parallel.AXIS, devices=get_devices(k))(x)
-    got, want = mapped(allreduce.ALLREDUCES[scheme]), mapped(parallel.allreduce)
-    for name in x:
-        replicas = np.asarray(got[name])
-        assert all(np.array_equal(replicas[0], r) for r in replicas[1:])  # One sum, copied.
-        # Both sum the same k float32 terms, in another order: (k - 1) ulps of |terms|.
-        bound = (k - 1) * np.finfo(np.float32).eps * np.abs(x[name]).sum(0)
-        assert np.all(np.abs(replicas[0] - np.asarray(want[name])[0]) <= bound + 1e-30)
-
-
-@pytest.mark.parametrize("scheme", ["star", "ring"])
-def test_training_with_a_hand_made_allreduce_matches_psum(lenet_reference, scheme):
-    _, got, _ = run_steps(LENET, "pmap", 4, random_batches(4, 32), lr=0.3, grad_allreduce=scheme)
-    assert parity.max_rel_diff(got.params, lenet_reference.params) <= 1e-6
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_trains_and_reports_the_accuracy_of_its_final_params(backend):
+    """Catches a backend whose train() loop or evaluation differs from pmap's: its params
+    after two epochs equal pmap's, and its accuracy is a numpy forward pass's."""
+    rng = np.random.default_rng(0)
+    split = data.Split(rng.random((37, 28, 28, 1), np.float32), rng.integers(0, 10, 37).astype(np.int32))
+    runs = [train.train(TrainConfig(backend=b, devices=4, batch_size=10, lr=0.3, epochs=2,
+                                    train_examples=37, test_examples=37), split, split,
+                        log=lambda _: None) for b in ("pmap", backend)]
+    assert parity.max_rel_diff(runs[1]["state"].params, runs[0]["state"].params) <= 1e-6
+    assert_is_numpys_accuracy(runs[1]["epochs"][-1]["test_acc"], runs[1]["state"].params, split)
 
 
 def hlo_bytes_sent(scheme, size, k):
