@@ -73,9 +73,13 @@ def test_training_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_tra
 
 
 def assert_is_numpys_accuracy(accuracy, params, split):
-    # float32 against float64 logits: a near-tie may flip one image's argmax, no more.
+    """accuracy is a float64 numpy forward pass's, but for images whose two top logits are
+    so close that float32 round-off may swap them (usually none)."""
     logits = numpy_lenet(params, split.images)
-    assert abs(accuracy - np.mean(logits.argmax(1) == split.labels)) <= 1 / len(split.labels)
+    top2 = np.sort(logits, 1)[:, -2:]
+    ties = np.sum(top2[:, 1] - top2[:, 0] <= 1e-5 * np.abs(logits).max())
+    correct = np.sum(logits.argmax(1) == split.labels)
+    assert abs(round(accuracy * len(split.labels)) - correct) <= ties
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
