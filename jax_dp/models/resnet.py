@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jax_dp.conv import flax_conv
 from jax_dp.errors import ParamError
 from jax_dp.models.model import Model, get_activation
 from jax_dp.parallel import allreduce
@@ -18,7 +19,7 @@ from jax_dp.parallel import allreduce
 conv_init = nn.initializers.normal(0.01)
 # A convolution followed by BatchNorm gets no bias: BatchNorm subtracts the mean, so such a
 # bias has an exactly zero gradient and would hold only round-off noise (the book keeps it).
-conv_bn = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
+conv_bn = partial(nn.Conv, use_bias=False, kernel_init=conv_init, conv_general_dilated=flax_conv)
 
 
 class BatchNorm(nn.Module):
@@ -73,7 +74,8 @@ class Residual(nn.Module):
         y = self.act(norm()(y, mask, train))
         y = norm()(conv_bn(self.channels, (3, 3), padding=1)(y), mask, train)
         if self.use_1x1conv:
-            x = nn.Conv(self.channels, (1, 1), self.strides, kernel_init=conv_init)(x)
+            x = nn.Conv(self.channels, (1, 1), self.strides, kernel_init=conv_init,
+                        conv_general_dilated=flax_conv)(x)
         return self.act(y + x)
 
 

@@ -1,0 +1,106 @@
+"""The canonical convolution: lax.conv's values and gradients, in XLA:CPU's fast form everywhere."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_dp.conv import CANONICAL, conv
+
+CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
+    (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
+    (2, 10, 4, 3, 3, 2, ((1, 1), (1, 1))), (1, 13, 2, 3, 5, 1, "VALID"),
+    (2, 12, 3, 2, 5, 2, ((2, 1), (0, 2))), (2, 7, 3, 3, 1, 2, "VALID"), (2, 9, 2, 4, 3, 2, "VALID"),
+]
+
+
+def reference_and_ours(case, dtype):
+    n, size, c, o, k, s, padding = case
+    rng = np.random.default_rng(sum(map(hash, map(str, case))) % 2**32)
+    x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)), dtype)
+    w = jnp.asarray(rng.normal(size=(k, k, c, o)), dtype)
+    plain = lambda x, w: lax.conv_general_dilated(x, w, (s, s), padding, dimension_numbers=CANONICAL)
+    ours = lambda x, w: conv(x, w, (s, s), padding)
+    results = []
+    for f in (plain, ours):
+        y, vjp = jax.vjp(f, x, w)
+        g = jnp.asarray(np.random.default_rng(1).normal(size=y.shape), dtype)
+        results.append((y, *vjp(g)))
+    return results
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_value_and_both_gradients_equal_lax_conv_in_float64(case):
+    with jax.enable_x64(True):
+        want, got = reference_and_ours(case, jnp.float64)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12 * float(np.abs(b).max()))
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=str)
+def test_value_and_both_gradients_equal_lax_conv_in_float32(case):
+    want, got = reference_and_ours(case, jnp.float32)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == jnp.float32
+        # Sums of up to k*k*c*n products in another order: a few float32 ulps of their size.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
+
+
+def conv_layouts(fn, *args) -> list[str]:
+    """dim_labels of every convolution in fn's optimized HLO (XLA:CPU's compiled program)."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return re.findall(r"convolution\(.*?dim_labels=([^,\s]+)", text)
+
+
+def all_canonical(layouts):
+    return bool(layouts) and all(label == "b01f_01io->b01f" for label in layouts)
+
+
+def step_and_scan(model_name, batch_size, **options):
+    """A model's single-device train step, and the same step under lax.scan over 3 batches."""
+    import optax
+
+    from jax_dp import models, train
+
+    model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
+    state = train.init_state(model, tx, jax.random.key(0))
+    step = lambda s, m, b: train.train_step(s, m, b, model=model, tx=tx, axis_name=None)
+    batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
+             "mask": jnp.ones(batch_size)}
+    batches = jax.tree.map(lambda x: jnp.stack([x] * 3), batch)
+
+    def scanned(state, metrics, batches):
+        return jax.lax.scan(lambda carry, b: (step(*carry, b), None), (state, metrics), batches)[0]
+
+    return ((step, state, train.zero_metrics(), batch), (scanned, state, train.zero_metrics(), batches))
+
+
+@pytest.mark.parametrize("model,batch_size,options", [("lenet", 8, {"conv": "xla"}),
+                                                      ("resnet18", 4, {})], ids=["lenet", "resnet18"])
+def test_every_convolution_of_a_train_step_is_canonical_alone_and_in_a_scan(model, batch_size, options):
+    """Catches a convolution or gradient convolution off XLA:CPU's fast path, which inside a
+    loop runs about 10x slower: every one must be NHWC x HWIO -> NHWC."""
+    for fn, *args in step_and_scan(model, batch_size, **options):
+        layouts = conv_layouts(fn, *args)
+        assert all_canonical(layouts), layouts
+
+
+def test_the_guard_fails_for_plain_lax_conv_in_a_scan():
+    """The check above can fail: lax.conv's own gradients are not canonical inside a loop."""
+    w = jnp.ones((5, 5, 20, 50))
+
+    def loss(w, x):
+        return jnp.sum(lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=CANONICAL))
+
+    def scanned(w, xs):
+        return jax.lax.scan(lambda w, x: (w - jax.grad(loss)(w, x), None), w, xs)[0]
+
+    layouts = conv_layouts(scanned, w, jnp.ones((3, 8, 12, 12, 20)))
+    assert layouts and not all_canonical(layouts), layouts
+    ours = lambda w, xs: jax.lax.scan(lambda w, x: (w - jax.grad(
+        lambda w: jnp.sum(conv(x, w)))(w), None), w, xs)[0]
+    assert all_canonical(conv_layouts(ours, w, jnp.ones((3, 8, 12, 12, 20))))
