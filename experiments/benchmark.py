@@ -16,14 +16,20 @@ from pathlib import Path
 
 from experiments import common
 
-# name -> (model options, XLA_FLAGS): the ways each model can be trained here.
-PATHS = {
-    "lenet": {"readable": ({"conv": "xla"}, ""), "im2col": ({"conv": "im2col"}, "")},
-    "resnet18": {"default": ({}, ""), "onednn": ({}, "--xla_cpu_use_onednn=true")},
-}
+# How each model's convolutions can be written (its model options).
+FORMULATIONS = {"lenet": {"readable": {"conv": "xla"}, "im2col": {"conv": "im2col"}},
+                "resnet18": {"canonical": {}}}
 DEFAULTS = {"lenet": {"devices": "1,2,4,8", "steps": 100, "batch_size": 256},
             "resnet18": {"devices": "1,2", "steps": 3, "batch_size": 256}}
 EPOCH = 60_000
+
+
+def paths(model: str) -> dict[str, tuple[dict, str]]:
+    """name -> (model options, XLA_FLAGS): every formulation under every YNNPACK fusion set."""
+    from jax_dp.xla_options import FUSIONS
+
+    return {f"{form}/{fusion}": (options, flags) for form, options in FORMULATIONS[model].items()
+            for fusion, flags in FUSIONS.items()}
 
 
 def worker(spec: dict) -> dict:
@@ -69,10 +75,11 @@ def main(args) -> None:
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
     if min(devices) < 1 or steps < 1 or batch_size < 1 or args.repeats < 1:
         raise ValueError("--devices, --steps, --batch-size and --repeats must be positive")
-    paths = args.paths or list(PATHS[args.model])
-    unknown = set(paths) - set(PATHS[args.model])
+    known = paths(args.model)
+    chosen = args.paths or list(known)
+    unknown = set(chosen) - set(known)
     if unknown:
-        raise ValueError(f"unknown --paths {sorted(unknown)} for {args.model}: use {', '.join(PATHS[args.model])}")
+        raise ValueError(f"unknown --paths {sorted(unknown)} for {args.model}: use {', '.join(known)}")
     ceiling = benchmark.matmul_ceiling()
     print(f"float32 matmul ceiling (numpy, 2048^2): {ceiling:.0f} GFLOP/s; "
           f"allocator: {os.environ.get('LD_PRELOAD') or 'glibc malloc'}", flush=True)
@@ -82,8 +89,8 @@ def main(args) -> None:
         result = spawn({**base, "kind": "torch"})
         rows.append({"path": f"pytorch {result['version']}", "devices": 1, **result})
         print(f"measured {rows[-1]['path']}", flush=True)
-    for path in paths:
-        options, flags = PATHS[args.model][path]
+    for path in chosen:
+        options, flags = known[path]
         for k in devices:
             result = spawn({**base, "kind": "jax", "options": options, "devices": k}, flags)
             rows.append({"path": f"jax {path}", "devices": k, "xla_flags": flags, **result})
@@ -125,11 +132,12 @@ def table(result: dict) -> str:
 def parser():
     """This experiment's flags."""
     p = common.cli_parser(__spec__.name, __doc__)
-    p.add_argument("--model", default="lenet", choices=sorted(PATHS))
+    p.add_argument("--model", default="lenet", choices=sorted(FORMULATIONS))
     p.add_argument("--devices", type=common.comma_list(int, "counts"),
                    help="simulated device counts (default: lenet 1,2,4,8; resnet18 1,2)")
     p.add_argument("--paths", type=common.comma_list(str, "names"),
-                   help="training paths (lenet: readable,im2col; resnet18: default,onednn)")
+                   help="training paths, formulation/fusions (default: all; lenet: readable or "
+                        "im2col, resnet18: canonical; fusions: ynn-default, ynn-dots, ynn-noconv)")
     p.add_argument("--steps", type=int, help="steps per timed run (default: lenet 100, resnet18 3)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; figures are their median")
     p.add_argument("--batch-size", type=int, help="global batch size (default 256)")

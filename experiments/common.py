@@ -79,8 +79,8 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     if "conv" in models.MODEL_OPTIONS[model]:
         p.add_argument("--conv", default="auto", choices=options["conv"],
                        help="convolution: lax.conv ('xla', the readable one), or one matrix "
-                            "product per layer ('im2col', twice as fast on XLA:CPU); auto: "
-                            "im2col on CPU")
+                            "product per layer ('im2col'); auto: the fastest measured on CPU "
+                            "(README), xla elsewhere")
     if "bn" in models.MODEL_OPTIONS[model]:
         p.add_argument("--bn", default="sync", choices=options["bn"],
                        help="BatchNorm statistics of the global batch (sync) or of each "
@@ -106,6 +106,10 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="continue each run from its latest checkpoint in --checkpoint-dir")
     p.add_argument("--step-timeout", type=float, default=300.0,
                    help="seconds one step may take before the run is declared wedged (exit 3)")
+    p.add_argument("--steps-per-call", type=int,
+                   help="training steps per compiled call, run under lax.scan with the "
+                        "training split on the devices (default: the platform's measured best, "
+                        "see README); checkpoints and signals then act between calls")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],
@@ -156,13 +160,14 @@ def load_data(args):
 
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
-    from jax_dp import devices, distributed, models, train  # JAX's backend starts later.
+    from jax_dp import devices, distributed, loop, models, train  # JAX's backend starts later.
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None)
     runs_configs = configs(args)
+    use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].model_options())
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
                           start=lambda: distributed.initialize(args.coordinator, args.num_processes,
@@ -177,6 +182,8 @@ def train_runs(args) -> None:
         run = train.train(config, train_data, test_data, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
                           step_timeout=args.step_timeout, progress=args.progress and primary,
+                          steps_per_call=loop.default_steps_per_call() if args.steps_per_call
+                          is None else args.steps_per_call,
                           log=log)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
@@ -190,6 +197,21 @@ def train_runs(args) -> None:
             from jax_dp import plots
 
             plots.plot_history(payload, args.plot)
+
+
+def use_xla_options(model: str, show: bool = True) -> None:
+    """Set the XLA_FLAGS measured fastest for model (README, "Speed"), the user's own winning;
+    XLA reads them when its backend starts, so this must come before the first JAX operation."""
+    from jax._src import xla_bridge
+
+    from jax_dp import xla_options
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("XLA options set after JAX's backend started would be ignored")
+    flags = xla_options.cpu_flags(model, os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = flags
+    if show:
+        print(f"XLA_FLAGS: {flags or '(none)'}", flush=True)
 
 
 def check_writable(path: Path | None) -> None:

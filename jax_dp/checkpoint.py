@@ -28,9 +28,9 @@ class Record(NamedTuple):
     key: jax.Array
     history: tuple = ()
 
-    def stepped(self) -> Record:
-        """The record one step later."""
-        return self._replace(step=self.step + 1, global_step=self.global_step + 1)
+    def stepped(self, steps: int = 1) -> Record:
+        """The record `steps` steps later."""
+        return self._replace(step=self.step + steps, global_step=self.global_step + steps)
 
     def next_epoch(self, result: dict, order: np.ndarray) -> Record:
         """The record at the start of the next epoch, this one's result kept."""

@@ -57,10 +57,12 @@ def _conv_bwd(strides, pads, residuals, g):
     # get a zero gradient: the extra high padding below.
     dx_pads = [(k - 1 - lo, k - 1 - hi + (n + lo + hi - k) % s)
                for n, k, s, (lo, hi) in zip(sizes, kernel, strides, pads)]
-    dx = _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
+    with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.profile).
+        dx = _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
     dw_pads = [(lo, k + (o - 1) * s - n - lo)
                for n, k, o, s, (lo, _) in zip(sizes, kernel, out, strides, pads)]
-    dw = _plain(x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), dw_pads, rhs_dilation=strides)
+    with jax.named_scope("conv_dw"):
+        dw = _plain(x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), dw_pads, rhs_dilation=strides)
     return dx.astype(x.dtype), dw.transpose(1, 2, 0, 3).astype(w.dtype)
 
 

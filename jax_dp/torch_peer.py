@@ -75,3 +75,43 @@ def time_steps(model_name: str, batches: list[dict], repeats: int = 3, lr: float
             step(x, y)
         per_step.append((time.perf_counter() - start) / len(data))
     return {"step_s": per_step, "threads": torch.get_num_threads(), "version": torch.__version__}
+
+
+def kind(aten_op: str) -> str:
+    """The kind of work a PyTorch CPU op does: conv forward, conv backward (dX and dW), rest."""
+    if "convolution_backward" in aten_op:
+        return "conv backward"
+    return "conv forward" if "convolution" in aten_op else "rest"
+
+
+def step_profile(model_name: str, batch_size: int, steps: int = 5,
+                 threads: int | None = None) -> dict:
+    """Profile steps SGD steps on batch_size zero images (channels-last, after a warm-up):
+    {"step_ms", "ops": [{"op", "kind", "ms"}, ...], "by_kind"}, ms being each op's self CPU
+    time per step (a step's ops run one after another, each on all threads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net = MODELS[model_name]().to(memory_format=torch.channels_last)
+    opt, loss = torch.optim.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss()
+    x = torch.zeros(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
+    y = torch.zeros(batch_size, dtype=torch.long)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss(net(x), y).backward()
+        opt.step()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        step_ms = (time.perf_counter() - start) / steps * 1e3
+    rows = [{"op": e.key, "kind": kind(e.key), "ms": e.self_cpu_time_total / 1e3 / steps}
+            for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    sums = {k: sum(r["ms"] for r in rows if r["kind"] == k) for k in ("conv forward", "conv backward")}
+    return {"step_ms": step_ms, "ops": sorted(rows, key=lambda r: -r["ms"]),
+            "by_kind": {**sums, "rest": step_ms - sum(sums.values())}}

@@ -14,7 +14,7 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch
+from jax_dp import dispatch, loop
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer, Record
@@ -117,10 +117,12 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
 
 class Steps(NamedTuple):
-    """A model's train and eval steps compiled for one backend."""
+    """A model's train and eval steps compiled for one backend; train_calls(state, metrics,
+    split, call) runs loop.calls' steps in one call."""
     backend: Backend
     train_batch: Callable
     evaluate: Callable
+    train_calls: Callable
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
@@ -133,7 +135,8 @@ def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
                                  grad_allreduce=get_allreduce(grad_allreduce, backend.name))
     eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
     return Steps(backend, backend.compile(train_fn, donate_argnums=(0,)),
-                 backend.compile(eval_fn))
+                 backend.compile(eval_fn),
+                 backend.compile(loop.scanned(train_fn), donate_argnums=(0,), replicated=3))
 
 
 def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
@@ -173,7 +176,7 @@ def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
 
 def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split, *,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          step_timeout: float | None = None, progress: bool = False,
+          step_timeout: float | None = None, progress: bool = False, steps_per_call: int = 1,
           log: Callable[[str], None] = print) -> dict:
     """Train config's model with SGD on config.devices devices, printing the book's lines.
 
@@ -185,8 +188,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         on an epoch's last step lets that epoch's evaluation finish first).
       resume: continue from the latest checkpoint in checkpoint_dir, if there is one;
         a checkpoint of another config is refused (a larger config.epochs is allowed).
-      step_timeout: end the process (exit code 3) if a step takes longer than this.
+      step_timeout: end the process (exit code 3) if a step takes longer than this (a call
+        of steps_per_call steps, steps_per_call times this).
       progress: show a progress bar (steps/s, time left) within each epoch, on terminals only.
+      steps_per_call: run this many steps per compiled call, under lax.scan, the training
+        split held on the devices (the same numbers as one step per call). Checkpoints,
+        signals and the progress bar then act between calls: a save falls at the end of the
+        first call at or past each multiple of checkpoint_every.
       log: where the config, compile time and per-epoch lines go.
 
     Returns:
@@ -194,7 +202,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
-    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume)
+    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
+               steps_per_call)
     log(f"config: {config}")
     model, tx, key = get_model(config.model, **config.model_options()), optimizer(config), \
         jax.random.key(config.seed)
@@ -207,29 +216,31 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     if resume and (restored := ckpt.restore(state, metrics, record)) is not None:
         state, metrics, record = restored
         log(f"resuming from {checkpoint_dir} at epoch {record.epoch + 1}, step {record.step}")
+    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
+    split = dp.replicate(loop.on_device(train_data)) if steps_per_call > 1 else None
     start_time = time.perf_counter()
-    steps = _compile(steps, state, data_lib.padded_size(config.batch_size, config.devices),
-                     train_data.images.shape[1:])
+    steps, calls = _compile(steps, state, data_lib.padded_size(config.batch_size, config.devices),
+                            train_data.images.shape[1:], split,
+                            _call_lengths(per_epoch, steps_per_call, record.step))
     compile_s = time.perf_counter() - start_time
     log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
-    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
 
-    in_flight = dispatch.InFlight(timeout_s=step_timeout)
+    in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
     with dispatch.stop_requests() as stop:
         while record.epoch < config.epochs:
             epoch_start = time.perf_counter()
             with _bar(progress, record, per_epoch) as bar:
-                for batch in data_lib.batches(train_data, config.batch_size,
-                                              num_devices=config.devices, order=record.order,
-                                              start=record.step,
-                                              drop_remainder=config.drop_remainder):
-                    state, metrics = steps.train_batch(state, metrics, dp.shard(batch))
-                    record = record.stepped()
+                for n, batch in _epoch(config, train_data, record, steps_per_call):
+                    state, metrics = (
+                        calls[n](state, metrics, split, dp.shard(batch)) if split is not None
+                        else steps.train_batch(state, metrics, dp.shard(batch)))
+                    before, record = record.global_step, record.stepped(n)
                     in_flight.add(metrics, f"step {record.step} of epoch {record.epoch + 1}")
-                    bar.update()
+                    bar.update(n)
                     if record.step < per_epoch:  # An epoch's last step is saved at its end.
                         _between_steps(dp, ckpt, state, metrics, record, stop, due=bool(
-                            checkpoint_every and record.global_step % checkpoint_every == 0))
+                            checkpoint_every and record.global_step // checkpoint_every
+                            > before // checkpoint_every))
                 in_flight.drain()
             time_s = time.perf_counter() - epoch_start
             sums = _check_finite(dp, metrics, record)
@@ -245,12 +256,35 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                            finished=record.epoch == config.epochs)
     if ckpt:
         ckpt.close()
-    return {"config": dataclasses.asdict(config), "compile_s": compile_s,
-            "epochs": list(record.history), "state": dp.unreplicate(state)}
+    return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
+            "compile_s": compile_s, "epochs": list(record.history),
+            "state": dp.unreplicate(state)}
 
 
-def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume):
-    """Refuse data that is not the config's, and checkpoint options that cannot work."""
+def _epoch(config: TrainConfig, train_data: data_lib.Split, record: Record, steps_per_call: int):
+    """The epoch's steps from record.step on, as (steps, batch) pairs: host batches one step
+    at a time, or loop.calls' index batches of up to steps_per_call steps."""
+    where = dict(num_devices=config.devices, order=record.order, start=record.step,
+                 drop_remainder=config.drop_remainder)
+    if steps_per_call == 1:
+        return ((1, batch) for batch in data_lib.batches(train_data, config.batch_size, **where))
+    return ((call["mask"].shape[1], call) for call in
+            loop.calls(len(train_data.labels), config.batch_size, steps_per_call, **where))
+
+
+def _call_lengths(per_epoch: int, steps_per_call: int, start: int) -> set[int]:
+    """The numbers of steps the calls of an epoch take, that one resumed at step start included."""
+    if steps_per_call == 1:
+        return set()
+    return {min(steps_per_call, per_epoch - first) for begin in {0, start}
+            for first in range(begin, per_epoch, steps_per_call)}
+
+
+def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
+               steps_per_call=1):
+    """Refuse data that is not the config's, and options that cannot work."""
+    if steps_per_call < 1:
+        raise ParamError("steps_per_call", f"{{}} must be at least 1, got {steps_per_call}")
     for split, data in (("train", train_data), ("test", test_data)):
         if len(data.labels) != getattr(config, f"{split}_examples"):
             raise ParamError(f"{split}_examples", f"{{}} is {getattr(config, f'{split}_examples')}"
@@ -293,16 +327,22 @@ def _check_finite(backend: Backend, metrics: dict, record: Record) -> dict:
     return sums
 
 
-def _compile(steps: Steps, state: TrainState, size: int, image_shape) -> Steps:
-    """Compile both steps ahead of time for batches of size examples."""
+def _compile(steps: Steps, state: TrainState, size: int, image_shape, split=None,
+             call_lengths: set[int] = frozenset()) -> tuple[Steps, dict[int, Callable]]:
+    """Compile the steps ahead of time for batches of size examples, and train_calls for
+    calls of each of call_lengths steps over split; returns the steps and {length: call}."""
     backend = steps.backend
     batch = backend.shard({"image": np.zeros((size,) + image_shape, np.float32),
                            "label": np.zeros(size, np.int32), "mask": np.ones(size, np.float32)})
     metrics = backend.replicate(zero_metrics())
-    train_batch = steps.train_batch.lower(state, metrics, batch).compile()
+    train_batch = steps.train_batch if split is not None else \
+        steps.train_batch.lower(state, metrics, batch).compile()
     evaluate = steps.evaluate.lower(state, metrics, batch).compile()
+    calls = {n: steps.train_calls.lower(state, metrics, split, backend.shard(
+        {"index": np.zeros((size, n), np.int32), "mask": np.ones((size, n), np.float32)}))
+        .compile() for n in call_lengths}
     if jax.process_count() > 1:
         # pmap's compiled form cannot take process-local arrays: keep the wrapped steps,
         # which find these executables in JAX's compilation cache.
-        return steps
-    return steps._replace(train_batch=train_batch, evaluate=evaluate)
+        return steps, {n: steps.train_calls for n in call_lengths}
+    return steps._replace(train_batch=train_batch, evaluate=evaluate), calls

@@ -10,6 +10,7 @@ import numpy as np
 
 from jax_dp import benchmark, models
 from jax_dp.devices import get_devices
+from jax_dp.xla_options import FUSIONS
 
 
 def test_step_flops_match_the_models_arithmetic():
@@ -50,18 +51,30 @@ def test_time_steps_reports_seconds_per_step(monkeypatch):
 
 
 def test_the_benchmark_times_each_path_and_device_count(tmp_path):
+    """Each path is a formulation under a YNNPACK fusion set, timed with that set's flags."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--model", "lenet",
-                           "--devices", "1,2", "--steps", "3", "--repeats", "2", "--json", str(out)],
+                           "--paths", "readable/ynn-dots,im2col/ynn-default", "--devices", "1,2",
+                           "--steps", "3", "--repeats", "2", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
-    assert [(r["path"], r["devices"]) for r in result["runs"]] == [
-        ("jax readable", 1), ("jax readable", 2), ("jax im2col", 1), ("jax im2col", 2)]
+    assert [(r["path"], r["devices"], r["xla_flags"]) for r in result["runs"]] == [
+        ("jax readable/ynn-dots", 1, FUSIONS["ynn-dots"]),
+        ("jax readable/ynn-dots", 2, FUSIONS["ynn-dots"]),
+        ("jax im2col/ynn-default", 1, ""), ("jax im2col/ynn-default", 2, "")]
     for run in result["runs"]:
         assert len(run["step_s"]) == 2 and run["images_per_s"] > 0 and run["compile_s"] > 0
         assert 0 < run["fraction_of_ceiling"] < 1
-    assert "| jax im2col | 2 |" in proc.stdout
+    assert "| jax im2col/ynn-default | 2 |" in proc.stdout
+
+
+def test_every_formulation_is_timed_under_every_fusion_set():
+    from experiments.benchmark import paths
+
+    assert sorted(paths("lenet")) == sorted(f"{form}/{fusion}" for form in ("readable", "im2col")
+                                            for fusion in FUSIONS)
+    assert paths("lenet")["im2col/ynn-noconv"] == ({"conv": "im2col"}, FUSIONS["ynn-noconv"])
 
 
 def test_the_torch_peer_trains_the_same_models():

@@ -56,6 +56,7 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
     (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
     (["--lr", "inf"], "--lr must be a positive finite number, got inf"),
     (["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    (["--steps-per-call", "0"], "--steps-per-call must be at least 1, got 0"),
     (["--devices", "1,2", "--lr", "0.1,0.2,0.3"], "--lr has 3 values for 2 device counts"),
     (["--json", "/nonexistent/dir/runs.json"], "cannot write /nonexistent/dir/runs.json"),
     (["--data-source", "/nonexistent", "--data-dir", "/tmp/jax-dp-empty-tfds"],

@@ -15,8 +15,9 @@ BACKENDS = ("pmap", "shard_map", "jit", "single")
 class Backend(NamedTuple):
     """How state and batches are placed on devices, and how a per-shard step is compiled.
 
-    compile(fn, donate_argnums) takes fn(state, metrics, batch) written for one shard
-    (collectives over `axis_name`) and returns the step to call on placed values.
+    compile(fn, donate_argnums, replicated=2) takes fn(state, metrics, batch) written for
+    one shard (collectives over `axis_name`), or any fn whose first `replicated` arguments
+    are replicated and whose last is split, and returns the step to call on placed values.
     replicate puts one copy of a host tree on every device, unreplicate reads one copy
     back; to_host and from_host move a placed tree whole, every device's copy included.
     """

@@ -17,8 +17,8 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
     """
     place = placement(devices)
 
-    def compile(fn, donate_argnums=()):
-        return jax.jit(fn, in_shardings=(place.replicated, place.replicated, place.split),
+    def compile(fn, donate_argnums=(), replicated=2):
+        return jax.jit(fn, in_shardings=(place.replicated,) * replicated + (place.split,),
                        out_shardings=place.replicated, donate_argnums=donate_argnums)
 
     return Backend(name="jit", devices=devices, axis_name=None, replicate=place.replicate,

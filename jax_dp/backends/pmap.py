@@ -27,7 +27,7 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
         name="pmap", devices=devices, axis_name=parallel.AXIS,
         replicate=lambda tree: parallel.get_params(tree, local), shard=shard,
         unreplicate=parallel.unreplicate,
-        compile=lambda fn, donate_argnums=(): jax.pmap(
+        compile=lambda fn, donate_argnums=(), replicated=2: jax.pmap(
             fn, axis_name=parallel.AXIS, devices=devices, donate_argnums=donate_argnums),
         to_host=lambda tree: jax.tree.map(np.asarray, tree),
         from_host=lambda tree: jax.device_put(tree, parallel.device_sharding(local)))

@@ -20,8 +20,9 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
     """
     place = placement(devices)
 
-    def compile(fn, donate_argnums=()):
-        mapped = jax.shard_map(fn, mesh=place.mesh, in_specs=(P(), P(), P(AXIS)), out_specs=P())
+    def compile(fn, donate_argnums=(), replicated=2):
+        mapped = jax.shard_map(fn, mesh=place.mesh, in_specs=(P(),) * replicated + (P(AXIS),),
+                               out_specs=P())
         return jax.jit(mapped, donate_argnums=donate_argnums)
 
     return Backend(name="shard_map", devices=devices, axis_name=AXIS, replicate=place.replicate,

@@ -17,5 +17,5 @@ def make(devices: tuple[jax.Device, ...]) -> Backend:
     return Backend(
         name="single", devices=devices, axis_name=None, replicate=put, shard=put,
         unreplicate=to_host,
-        compile=lambda fn, donate_argnums=(): jax.jit(fn, donate_argnums=donate_argnums),
+        compile=lambda fn, donate_argnums=(), replicated=2: jax.jit(fn, donate_argnums=donate_argnums),
         to_host=to_host, from_host=put)

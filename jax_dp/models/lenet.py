@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_dp import xla_options
 from jax_dp.conv import conv
 from jax_dp.errors import ParamError
 from jax_dp.models.model import Model, get_activation
@@ -62,16 +63,18 @@ def lenet(params: Params, X: jax.Array, conv=conv2d, act=jax.nn.relu) -> jax.Arr
 
 
 def _auto_conv(x, layer):
-    # Chosen while tracing, when the backend is known: im2col wins on XLA:CPU only.
-    return (conv2d_im2col if jax.default_backend() == "cpu" else conv2d)(x, layer)
+    # Chosen while tracing, when the backend is known: on XLA:CPU the measured fastest.
+    cpu = CONVS[xla_options.cpu_conv("lenet")]
+    return (cpu if jax.default_backend() == "cpu" else conv2d)(x, layer)
 
 
 CONVS = {"xla": conv2d, "im2col": conv2d_im2col, "auto": _auto_conv}
 
 
 def lenet_model(conv: str = "xla", activation: str = "relu") -> Model:
-    """LeNet as a Model; conv 'xla' (lax.conv), 'im2col' (one matrix product, 2x faster on
-    CPU) or 'auto' (im2col on CPU, lax.conv elsewhere); activation 'relu' or 'softplus'."""
+    """LeNet as a Model; conv 'xla' (jax_dp.conv), 'im2col' (one matrix product) or 'auto'
+    (on CPU the measured fastest, xla_options.CHOSEN; elsewhere xla); activation 'relu' or
+    'softplus'."""
     if conv not in CONVS:
         raise ParamError("conv", f"unknown {{}} {conv!r}: use one of {', '.join(CONVS)}")
     act = get_activation(activation)

@@ -1,0 +1,70 @@
+"""Where does a training step's time go, convolution by convolution, against PyTorch's ops?
+
+Run: `python -m experiments.profile --model lenet --peer torch` times one single-device step
+of batch 256 under the model's XLA options (README, "Speed"), then each convolution of the
+compiled step alone, and PyTorch's step under its profiler, grouped the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from experiments import common
+
+
+def main(args) -> None:
+    """Profile both, print the tables, write --json."""
+    common.check_writable(args.json)
+    if args.batch_size < 1 or args.repeats < 1:
+        raise ValueError("--batch-size and --repeats must be at least 1")
+    common.use_xla_options(args.model)
+    from jax_dp import models, profile
+
+    options = {"conv": "auto"} if args.model == "lenet" else {}
+    ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
+                                args.repeats)
+    peer = None
+    if args.peer == "torch":
+        from jax_dp import torch_peer
+
+        peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
+    print(table(args.model, args.batch_size, ours, peer))
+    common.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
+                                  "jax": ours, "torch": peer})
+
+
+def table(model: str, batch_size: int, ours: dict, peer: dict | None) -> str:
+    """Markdown: time per kind of work, then jax_dp's convolutions, slowest first."""
+    lines = [f"{model}, one device, batch {batch_size}: ms per step",
+             "", "| work | jax_dp | PyTorch |", "|---|---:|---:|"]
+    for kind, ms in ours["by_kind"].items():
+        theirs = "-"
+        if peer and kind in peer["by_kind"]:
+            theirs = f"{peer['by_kind'][kind]:.1f}"
+        elif peer and kind.startswith("conv d"):
+            theirs = "(in conv backward)" if kind == "conv dX" else \
+                f"{peer['by_kind']['conv backward']:.1f} (dX + dW)"
+        lines.append(f"| {kind} | {ms:.1f} | {theirs} |")
+    theirs = f"{peer['step_ms']:.1f}" if peer else "-"
+    lines += [f"| **step** | **{ours['step_ms']:.1f}** | **{theirs}** |", "",
+              "| convolution | input | kernel | output | ms alone | GFLOP/s |",
+              "|---|---|---|---|---:|---:|"]
+    for c in ours["convs"]:
+        lines.append(f"| {c['kind']} | {c['lhs']} | {c['rhs']} | {c['out']} | {c['ms']:.1f} "
+                     f"| {c['gflops']:.0f} |")
+    return "\n".join(lines)
+
+
+def parser():
+    """This experiment's flags."""
+    p = common.cli_parser(__spec__.name, __doc__)
+    p.add_argument("--model", default="lenet", choices=["lenet", "resnet18"])
+    p.add_argument("--batch-size", type=int, default=256, help="images per step")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each; figures are medians")
+    p.add_argument("--peer", choices=["torch"], help="also profile PyTorch's step")
+    p.add_argument("--json", type=Path, help="write both profiles here")
+    return p
+
+
+if __name__ == "__main__":
+    common.run(main, parser)

@@ -1,0 +1,96 @@
+"""Where a training step's time goes: each convolution of the compiled step, timed alone."""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from jax_dp import train
+from jax_dp.models import Model
+
+# Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
+KINDS = ("conv forward", "conv dX", "conv dW", "rest")
+_DEF = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = f32\[([\d,]*)\]")
+_CONV = re.compile(r"convolution\(%?([\w.\-]+), %?([\w.\-]+)\), window=\{([^}]*)\}, "
+                   r"dim_labels=b01f_01io->b01f")
+
+
+def _pairs(text: str, key: str, default) -> tuple:
+    """'size=3x3 pad=1_1x0_1' with key 'pad' -> ((1, 1), (0, 1)); key 'size' -> (3, 3)."""
+    found = re.search(rf"\b{key}=(\S+)", text)
+    if not found:
+        return (default, default)
+    return tuple(tuple(int(v) for v in part.split("_")) if "_" in part else int(part)
+                 for part in found[1].split("x"))
+
+
+def convolutions(hlo_text: str) -> list[dict]:
+    """Every canonical convolution of an optimized HLO module: its name, kind (forward, or
+    jax_dp.conv's conv_dx / conv_dw scopes), operand and output shapes, window."""
+    shapes = {m[1]: tuple(int(d) for d in m[2].split(",") if d)
+              for m in map(_DEF.match, hlo_text.splitlines()) if m}
+    convs = []
+    for line in hlo_text.splitlines():
+        conv = _CONV.search(line)
+        if not conv:
+            continue
+        name = _DEF.match(line)[1]
+        window = conv[3]
+        convs.append({
+            "op": name, "kind": "conv dX" if "conv_dx" in line else
+            "conv dW" if "conv_dw" in line else "conv forward",
+            "lhs": shapes[conv[1]], "rhs": shapes[conv[2]], "out": shapes[name],
+            "strides": _pairs(window, "stride", 1), "padding": _pairs(window, "pad", (0, 0)),
+            "lhs_dilation": _pairs(window, "lhs_dilate", 1),
+            "rhs_dilation": _pairs(window, "rhs_dilate", 1)})
+    return convs
+
+
+def _median_ms(fn: Callable, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def time_convolution(conv: dict, repeats: int = 5) -> float:
+    """Milliseconds (median of repeats) of one convolution alone, as XLA compiles it alone."""
+    rng = np.random.default_rng(0)
+    lhs, rhs = (rng.random(conv[s], np.float32) for s in ("lhs", "rhs"))
+    fn = jax.jit(lambda a, b: lax.conv_general_dilated(
+        a, b, conv["strides"], conv["padding"], conv["lhs_dilation"], conv["rhs_dilation"],
+        dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    if fn(lhs, rhs).shape != conv["out"]:
+        raise RuntimeError(f"{conv['op']} rebuilt with the wrong output shape")
+    return _median_ms(fn, lhs, rhs, repeats=repeats)
+
+
+def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
+    """A single-device SGD step on batch_size images, and each of its convolutions, timed
+    alone: {"step_ms", "convs": [{..., "ms", "gflops"}, ...], "by_kind": {KINDS: ms}}."""
+    tx = optax.sgd(0.1)
+    state = train.init_state(model, tx, jax.random.key(0))
+    batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
+             "mask": jnp.ones(batch_size)}
+    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
+    compiled = step.lower(state, train.zero_metrics(), batch).compile()
+    step_ms = _median_ms(compiled, state, train.zero_metrics(), batch, repeats=repeats)
+    convs = convolutions(compiled.as_text())
+    for conv in convs:
+        conv["ms"] = time_convolution(conv, repeats)
+        macs = np.prod(conv["out"]) * np.prod(conv["rhs"][:3])  # Per output: kh kw C_in.
+        conv["gflops"] = 2 * macs / conv["ms"] / 1e6
+    sums = {kind: sum(c["ms"] for c in convs if c["kind"] == kind) for kind in KINDS[:-1]}
+    return {"step_ms": step_ms, "convs": sorted(convs, key=lambda c: -c["ms"]),
+            "by_kind": {**sums, "rest": step_ms - sum(sums.values())}}

@@ -1,0 +1,73 @@
+"""The step profile: it finds every convolution of the compiled step, of the right kind and shape."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jax_dp import models, profile, train
+
+
+def compiled_step_hlo(model, batch_size):
+    tx = optax.sgd(0.1)
+    batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
+             "mask": jnp.ones(batch_size)}
+    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
+    return step.lower(train.init_state(model, tx, jax.random.key(0)), train.zero_metrics(),
+                      batch).compile().as_text()
+
+
+def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
+    """Catches a convolution missed or mislabelled: LeNet has two forward convolutions, the
+    second one's dX (the first's input needs none) and both dWs."""
+    convs = profile.convolutions(compiled_step_hlo(models.get_model("lenet", conv="xla"), 6))
+    found = sorted((c["kind"], c["lhs"], c["rhs"], c["out"]) for c in convs)
+    assert found == sorted([
+        ("conv forward", (6, 28, 28, 1), (3, 3, 1, 20), (6, 26, 26, 20)),
+        ("conv forward", (6, 13, 13, 20), (5, 5, 20, 50), (6, 9, 9, 50)),
+        ("conv dX", (6, 9, 9, 50), (5, 5, 50, 20), (6, 13, 13, 20)),
+        ("conv dW", (1, 28, 28, 6), (26, 26, 6, 20), (1, 3, 3, 20)),
+        ("conv dW", (20, 13, 13, 6), (9, 9, 6, 50), (20, 5, 5, 50))])
+
+
+def test_resnets_strided_convolutions_are_rebuilt_with_their_windows():
+    """20 convolutions (stem, 16 in blocks, 3 shortcuts), 19 dX (not the stem's), 20 dW; each
+    rebuilt alone from its parsed window gives the step's output shape."""
+    convs = profile.convolutions(compiled_step_hlo(models.get_model("resnet18"), 2))
+    assert Counter(c["kind"] for c in convs) == {"conv forward": 20, "conv dX": 19, "conv dW": 20}
+    assert {c["strides"] for c in convs if c["kind"] == "conv forward"} == {(1, 1), (2, 2)}
+    for conv in convs:
+        rebuilt = jax.eval_shape(lambda a, b: jax.lax.conv_general_dilated(
+            a, b, conv["strides"], conv["padding"], conv["lhs_dilation"], conv["rhs_dilation"],
+            dimension_numbers=("NHWC", "HWIO", "NHWC")),
+            jax.ShapeDtypeStruct(conv["lhs"], jnp.float32), jax.ShapeDtypeStruct(conv["rhs"], jnp.float32))
+        assert rebuilt.shape == conv["out"], conv
+
+
+def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
+    out = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, "-m", "experiments.profile", "--batch-size", "8",
+                           "--repeats", "1", "--peer", "torch", "--json", str(out)],
+                          capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    ours, theirs = result["jax"], result["torch"]
+    assert list(ours["by_kind"]) == list(profile.KINDS) and len(ours["convs"]) == 5
+    assert sum(ours["by_kind"].values()) == pytest.approx(ours["step_ms"])
+    assert sum(theirs["by_kind"].values()) == pytest.approx(theirs["step_ms"])
+    assert theirs["by_kind"]["conv forward"] > 0 and theirs["by_kind"]["conv backward"] > 0
+    assert "| **step** |" in proc.stdout
+
+
+def test_the_profile_cli_refuses_a_batch_of_zero():
+    proc = subprocess.run([sys.executable, "-m", "experiments.profile", "--batch-size", "0"],
+                          capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m experiments.profile: error: --batch-size and --repeats must be at least 1"]

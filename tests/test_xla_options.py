@@ -1,0 +1,68 @@
+"""The XLA:CPU options the experiments set: the measured choice, a user's own flags winning."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jax_dp import xla_options
+from jax_dp.xla_options import YNN_FUSION
+
+
+@pytest.mark.parametrize("model", sorted(xla_options.CHOSEN))
+def test_the_chosen_flags_are_set_when_the_user_sets_none(model):
+    assert xla_options.cpu_flags(model) == xla_options.FUSIONS[xla_options.CHOSEN[model][1]]
+
+
+def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
+    user = f"--xla_cpu_use_onednn=true {YNN_FUSION}=individual_convolution"
+    for model in xla_options.CHOSEN:
+        assert xla_options.cpu_flags(model, user).split() == user.split()
+
+
+def test_chosen_flags_come_before_the_users_other_flags(monkeypatch):
+    """Catches a choice that drops the user's flags, or is dropped although the user did not set it."""
+    monkeypatch.setitem(xla_options.CHOSEN, "lenet", ("im2col", "ynn-dots"))
+    assert xla_options.cpu_flags("lenet", "--xla_cpu_use_onednn=true") == \
+        f"{YNN_FUSION}=individual_dot --xla_cpu_use_onednn=true"
+
+
+YNN_FUSIONS_IN_LENET_STEP = """
+import functools, sys
+import jax, jax.numpy as jnp, optax
+from experiments import common
+from jax_dp import models, train
+if sys.argv[1] == "late":
+    common.use_xla_options("lenet", show=False)
+model, tx = models.get_model("lenet", conv="xla"), optax.sgd(0.1)
+batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
+step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
+hlo = step.lower(train.init_state(model, tx, jax.random.key(0)), train.zero_metrics(), batch)
+print(hlo.compile().as_text().count('"kind":"__ynn_fusion"'))
+"""
+
+
+def test_flags_set_after_jax_is_imported_still_reach_xla():
+    """Catches options set too late to count: the step compiled after use_xla_options has the
+    YNNPACK fusions of the same flags given before Python starts, not those of XLA's default."""
+    def fusions(when, flags):
+        proc = subprocess.run([sys.executable, "-c", YNN_FUSIONS_IN_LENET_STEP, when],
+                              capture_output=True, text=True, env={**os.environ, "XLA_FLAGS": flags})
+        assert proc.returncode == 0, proc.stderr
+        return int(proc.stdout.split()[-1])
+
+    chosen = xla_options.cpu_flags("lenet")
+    assert fusions("late", "") == fusions("early", chosen) != fusions("early", "")
+
+
+@pytest.mark.parametrize("user", ["", f"{YNN_FUSION}=individual_convolution"])
+def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
+    """The experiment sets XLA_FLAGS before JAX's backend starts and says which (a user's win)."""
+    env = {**os.environ, "XLA_FLAGS": user, "JAX_DP_NO_TCMALLOC": "1"}
+    proc = subprocess.run([sys.executable, "-m", "experiments.lenet", "--devices", "1",
+                           "--epochs", "1", "--train-examples", "64", "--test-examples", "64",
+                           "--batch-size", "64"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    want = xla_options.cpu_flags("lenet", user) or "(none)"
+    assert f"XLA_FLAGS: {want}\n" in proc.stdout
