@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,9 +52,17 @@ def worker(spec: dict) -> dict:
     return {**result, "flops_per_step": benchmark.step_flops(model, spec["batch_size"])}
 
 
-def spawn(spec: dict, xla_flags: str = "") -> dict:
-    """Run worker(spec) in a new Python process (its own device count and XLA flags)."""
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip()}
+def flags_for(fusions: str) -> str:
+    """XLA_FLAGS for a path: the user's, with the path's YNNPACK fusion set in place of theirs."""
+    from jax_dp.xla_options import YNN_FUSION
+
+    user = re.sub(rf"(?:^|\s)-{{1,2}}{YNN_FUSION.lstrip('-')}(?:=\S*)?", "", os.environ.get("XLA_FLAGS", ""))
+    return f"{fusions} {user.strip()}".strip()
+
+
+def spawn(spec: dict, xla_flags: str | None = None) -> dict:
+    """Run worker(spec) in a new Python process (its own device count; these XLA_FLAGS)."""
+    env = {**os.environ, **({"XLA_FLAGS": xla_flags} if xla_flags is not None else {})}
     env.pop("JAX_NUM_CPU_DEVICES", None)
     proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--worker", json.dumps(spec)],
                           capture_output=True, text=True, env=env)
@@ -90,7 +99,8 @@ def main(args) -> None:
         rows.append({"path": f"pytorch {result['version']}", "devices": 1, **result})
         print(f"measured {rows[-1]['path']}", flush=True)
     for path in chosen:
-        options, flags = known[path]
+        options, fusions = known[path]
+        flags = flags_for(fusions)
         for k in devices:
             result = spawn({**base, "kind": "jax", "options": options, "devices": k}, flags)
             rows.append({"path": f"jax {path}", "devices": k, "xla_flags": flags, **result})

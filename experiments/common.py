@@ -167,6 +167,8 @@ def train_runs(args) -> None:
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None)
     runs_configs = configs(args)
+    if args.steps_per_call is not None:
+        loop.check_steps_per_call(args.steps_per_call)
     use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].model_options())
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,

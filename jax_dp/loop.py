@@ -10,6 +10,7 @@ import numpy as np
 from jax import lax
 
 from jax_dp.data import Split, num_batches, padded_size
+from jax_dp.errors import ParamError
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
 # LeNet equally fast (README, "Speed"), so checkpoints and signals keep one-step granularity.
@@ -18,8 +19,14 @@ STEPS_PER_CALL = {"cpu": 1, "gpu": 16}
 
 
 def default_steps_per_call() -> int:
-    """The measured best number of steps per call for the default backend's platform."""
+    """Steps per call for the default backend's platform (STEPS_PER_CALL: measured on CPU)."""
     return STEPS_PER_CALL.get(jax.default_backend(), 1)
+
+
+def check_steps_per_call(steps_per_call: int) -> None:
+    """Refuse a number of steps per call below 1."""
+    if steps_per_call < 1:
+        raise ParamError("steps_per_call", f"{{}} must be at least 1, got {steps_per_call}")
 
 
 def on_device(data: Split) -> dict[str, np.ndarray]:

@@ -79,20 +79,17 @@ def time_steps(model_name: str, batches: list[dict], repeats: int = 3, lr: float
 
 def kind(aten_op: str) -> str:
     """The kind of work a PyTorch CPU op does: conv forward, conv backward (dX and dW), rest."""
-    if "convolution_backward" in aten_op:
-        return "conv backward"
-    return "conv forward" if "convolution" in aten_op else "rest"
+    if "conv" not in aten_op:
+        return "rest"
+    return "conv backward" if "backward" in aten_op else "conv forward"
 
 
-def step_profile(model_name: str, batch_size: int, steps: int = 5,
-                 threads: int | None = None) -> dict:
+def step_profile(model_name: str, batch_size: int, steps: int = 5) -> dict:
     """Profile steps SGD steps on batch_size zero images (channels-last, after a warm-up):
     {"step_ms", "ops": [{"op", "kind", "ms"}, ...], "by_kind"}, ms being each op's self CPU
     time per step (a step's ops run one after another, each on all threads)."""
     from torch.profiler import ProfilerActivity, profile
 
-    if threads:
-        torch.set_num_threads(threads)
     torch.manual_seed(0)
     net = MODELS[model_name]().to(memory_format=torch.channels_last)
     opt, loss = torch.optim.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss()

@@ -198,7 +198,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       log: where the config, compile time and per-epoch lines go.
 
     Returns:
-      {"config": the config as a dict, "compile_s", "epochs": [{"epoch", "time_s",
+      {"config": the config as a dict, "steps_per_call", "compile_s", "epochs": [{"epoch", "time_s",
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
@@ -283,8 +283,7 @@ def _call_lengths(per_epoch: int, steps_per_call: int, start: int) -> set[int]:
 def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
                steps_per_call=1):
     """Refuse data that is not the config's, and options that cannot work."""
-    if steps_per_call < 1:
-        raise ParamError("steps_per_call", f"{{}} must be at least 1, got {steps_per_call}")
+    loop.check_steps_per_call(steps_per_call)
     for split, data in (("train", train_data), ("test", test_data)):
         if len(data.labels) != getattr(config, f"{split}_examples"):
             raise ParamError(f"{split}_examples", f"{{}} is {getattr(config, f'{split}_examples')}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type"
 # The YNNPACK fusion sets tried: XLA's default, matrix products only, the default less convolutions.
 FUSIONS = {"ynn-default": "", "ynn-dots": f"{YNN_FUSION}=individual_dot",
@@ -15,9 +17,18 @@ def cpu_conv(model: str) -> str | None:
     return CHOSEN[model][0]
 
 
+def flag_names(flags: str) -> set[str]:
+    """The names of the flags in an XLA_FLAGS string ('--a=1 -b' -> {'a', 'b'})."""
+    return set(re.findall(r"(?:^|\s)--?([A-Za-z_]\w*)", flags))
+
+
+def merged(ours: str, user: str) -> str:
+    """ours, less any flag user sets, then user's string unchanged: a user's choice wins."""
+    given = flag_names(user)
+    kept = [f for f in ours.split() if not flag_names(f) & given]
+    return " ".join(kept + [user.strip()] if user.strip() else kept)
+
+
 def cpu_flags(model: str, user: str = "") -> str:
-    """XLA_FLAGS for training model on CPU: the measured choice, then user's own flags, leaving
-    out any chosen flag that user sets, so a user's choice wins."""
-    ours = FUSIONS[CHOSEN[model][1]].split()
-    given = {flag.split("=")[0] for flag in user.split()}
-    return " ".join([f for f in ours if f.split("=")[0] not in given] + user.split())
+    """XLA_FLAGS for training model on CPU: the measured choice merged with user's own flags."""
+    return merged(FUSIONS[CHOSEN[model][1]], user)

@@ -69,6 +69,15 @@ def test_the_benchmark_times_each_path_and_device_count(tmp_path):
     assert "| jax im2col/ynn-default | 2 |" in proc.stdout
 
 
+def test_a_path_runs_under_its_own_fusion_set_and_the_users_other_flags(monkeypatch):
+    """Catches a path timed under the user's fusion set instead of its own (mislabelled rows)."""
+    from experiments.benchmark import flags_for
+
+    monkeypatch.setenv("XLA_FLAGS", f"-{FUSIONS['ynn-dots'][2:]} --xla_cpu_use_onednn=true")
+    assert flags_for(FUSIONS["ynn-noconv"]) == f"{FUSIONS['ynn-noconv']} --xla_cpu_use_onednn=true"
+    assert flags_for("") == "--xla_cpu_use_onednn=true"
+
+
 def test_every_formulation_is_timed_under_every_fusion_set():
     from experiments.benchmark import paths
 

@@ -29,8 +29,9 @@ def lenet(*flags, processes=None):
 
 @pytest.mark.parametrize("backend", ["pmap", "jit"])
 def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path, backend):
+    # The two processes also run 3 steps per call: each gathers its rows from its own copy.
     two = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / "two"),
-                "--json", str(tmp_path / "two.json"), processes=2)
+                "--json", str(tmp_path / "two.json"), "--steps-per-call", "3", processes=2)
     assert two.returncode == 0, two.stderr
     one = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
@@ -46,7 +47,7 @@ def test_resnet18_runs_as_two_processes():
     proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
                            sys.executable, "-m", "experiments.resnet18", "--devices", "2",
                            "--batch-size", "8", "--lr", "0.1", "--epochs", "1", "--train-examples", "16",
-                           "--test-examples", "8", "--no-progress"],
+                           "--test-examples", "8", "--steps-per-call", "2", "--no-progress"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "test acc:" in proc.stdout and "on 2 device(s)" in proc.stdout

@@ -98,13 +98,17 @@ def test_a_run_stopped_between_calls_resumes_with_any_steps_per_call_bit_for_bit
             yield call
 
     monkeypatch.setattr(train.loop, "calls", calls)
-    options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=2, log=quiet)
+    options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=4)
     with pytest.raises(train.Interrupted, match="epoch 2, step 3"):
-        train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, **options)
-    assert saved == [3, 6, 7, 10]  # Calls end at 3, 6, 7 (epoch end), 10 (signal).
+        train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, log=quiet, **options)
+    # Calls end at steps 3, 6, 7 (epoch 1's end), 10 (the signal): 6 is the first past 4,
+    # 7 the epoch's end, 10 the first past 8 and where the signal stops the run.
+    assert saved == [6, 7, 10]
     monkeypatch.undo()
+    lines = []
     resumed = train.train(RUN, SPLIT, SPLIT, resume=True, steps_per_call=resumed_per_call,
-                          **options)
+                          log=lines.append, **options)
+    assert any(line.endswith("at epoch 2, step 3") for line in lines)
     assert_bitwise_equal(resumed["state"], one_step_per_call["pmap"]["state"])
 
 

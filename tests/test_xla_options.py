@@ -21,6 +21,14 @@ def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
         assert xla_options.cpu_flags(model, user).split() == user.split()
 
 
+@pytest.mark.parametrize("user", [f"-{YNN_FUSION.lstrip('-')}=individual_convolution",
+                                  f'--xla_dump_to="/tmp/a  b" {YNN_FUSION}=dot --xla_cpu_use_onednn'])
+def test_the_users_string_is_kept_as_written(user):
+    """Catches a merge that re-splits the user's quoted values or misses a single-dash flag."""
+    for model in xla_options.CHOSEN:
+        assert xla_options.cpu_flags(model, user) == user
+
+
 def test_chosen_flags_come_before_the_users_other_flags(monkeypatch):
     """Catches a choice that drops the user's flags, or is dropped although the user did not set it."""
     monkeypatch.setitem(xla_options.CHOSEN, "lenet", ("im2col", "ynn-dots"))
