@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,10 +53,10 @@ def worker(spec: dict) -> dict:
 
 def flags_for(fusions: str) -> str:
     """XLA_FLAGS for a path: the user's, with the path's YNNPACK fusion set in place of theirs."""
-    from jax_dp.xla_options import YNN_FUSION
+    from jax_dp.xla_options import YNN_FUSION, flag_names, without
 
-    user = re.sub(rf"(?:^|\s)-{{1,2}}{YNN_FUSION.lstrip('-')}(?:=\S*)?", "", os.environ.get("XLA_FLAGS", ""))
-    return f"{fusions} {user.strip()}".strip()
+    user = without(os.environ.get("XLA_FLAGS", ""), flag_names(YNN_FUSION))
+    return " ".join(filter(None, [fusions, user]))
 
 
 def spawn(spec: dict, xla_flags: str | None = None) -> dict:

@@ -29,14 +29,20 @@ def matmul_ceiling(n: int = 2048, repeats: int = 7) -> float:
     return 2 * n**3 / float(np.median(times)) / 1e9
 
 
-def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
-    """FLOPs of one single-device training step on batch_size images, as XLA counts them."""
+def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple:
+    """One single-device SGD step compiled for batch_size zero images, and its arguments:
+    (compiled step, state, metrics, batch)."""
     tx = optax.sgd(0.1)
     state = train.init_state(model, tx, jax.random.key(0))
     batch = {"image": jnp.zeros((batch_size, *image_shape)), "label": jnp.zeros(batch_size, jnp.int32),
              "mask": jnp.ones(batch_size)}
     step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-    cost = step.lower(state, train.zero_metrics(), batch).compile().cost_analysis()
+    return step.lower(state, train.zero_metrics(), batch).compile(), state, train.zero_metrics(), batch
+
+
+def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
+    """FLOPs of one single-device training step on batch_size images, as XLA counts them."""
+    cost = single_step(model, batch_size, image_shape)[0].cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 

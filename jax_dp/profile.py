@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 
-from jax_dp import train
+from jax_dp import benchmark
 from jax_dp.models import Model
 
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
@@ -79,13 +76,8 @@ def time_convolution(conv: dict, repeats: int = 5) -> float:
 def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
     """A single-device SGD step on batch_size images, and each of its convolutions, timed
     alone: {"step_ms", "convs": [{..., "ms", "gflops"}, ...], "by_kind": {KINDS: ms}}."""
-    tx = optax.sgd(0.1)
-    state = train.init_state(model, tx, jax.random.key(0))
-    batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
-             "mask": jnp.ones(batch_size)}
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-    compiled = step.lower(state, train.zero_metrics(), batch).compile()
-    step_ms = _median_ms(compiled, state, train.zero_metrics(), batch, repeats=repeats)
+    compiled, *arguments = benchmark.single_step(model, batch_size)
+    step_ms = _median_ms(compiled, *arguments, repeats=repeats)
     convs = convolutions(compiled.as_text())
     for conv in convs:
         conv["ms"] = time_convolution(conv, repeats)

@@ -49,24 +49,29 @@ def resnet18() -> nn.Module:
 MODELS = {"lenet": lenet, "resnet18": resnet18}
 
 
-def time_steps(model_name: str, batches: list[dict], repeats: int = 3, lr: float = 0.1,
-               threads: int | None = None, channels_last: bool = True) -> dict:
-    """Seconds per SGD step of each repeat over batches (NHWC images as in jax_dp)."""
-    if threads:
-        torch.set_num_threads(threads)
+def sgd_step(model_name: str, lr: float = 0.1, fmt=torch.channels_last):
+    """step(x, y): one SGD step of the model (seed 0's weights, in memory format fmt) on NCHW
+    images x and labels y."""
     torch.manual_seed(0)
-    net = MODELS[model_name]()
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    net = net.to(memory_format=fmt)
+    net = MODELS[model_name]().to(memory_format=fmt)
     opt, loss = torch.optim.SGD(net.parameters(), lr=lr), nn.CrossEntropyLoss()
-    data = [(torch.from_numpy(np.ascontiguousarray(b["image"].transpose(0, 3, 1, 2))).to(memory_format=fmt),
-             torch.from_numpy(b["label"]).long()) for b in batches]
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
         loss(net(x), y).backward()
         opt.step()
+    return step
 
+
+def time_steps(model_name: str, batches: list[dict], repeats: int = 3, lr: float = 0.1,
+               threads: int | None = None, channels_last: bool = True) -> dict:
+    """Seconds per SGD step of each repeat over batches (NHWC images as in jax_dp)."""
+    if threads:
+        torch.set_num_threads(threads)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    step = sgd_step(model_name, lr, fmt)
+    data = [(torch.from_numpy(np.ascontiguousarray(b["image"].transpose(0, 3, 1, 2))).to(memory_format=fmt),
+             torch.from_numpy(b["label"]).long()) for b in batches]
     step(*data[0])  # Warm-up: oneDNN picks its kernels on the first call.
     per_step = []
     for _ in range(repeats):
@@ -90,22 +95,14 @@ def step_profile(model_name: str, batch_size: int, steps: int = 5) -> dict:
     time per step (a step's ops run one after another, each on all threads)."""
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(0)
-    net = MODELS[model_name]().to(memory_format=torch.channels_last)
-    opt, loss = torch.optim.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss()
+    step = sgd_step(model_name)
     x = torch.zeros(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
     y = torch.zeros(batch_size, dtype=torch.long)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss(net(x), y).backward()
-        opt.step()
-
-    step()
+    step(x, y)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            step()
+            step(x, y)
         step_ms = (time.perf_counter() - start) / steps * 1e3
     rows = [{"op": e.key, "kind": kind(e.key), "ms": e.self_cpu_time_total / 1e3 / steps}
             for e in prof.key_averages() if e.self_cpu_time_total > 0]

@@ -22,11 +22,16 @@ def flag_names(flags: str) -> set[str]:
     return set(re.findall(r"(?:^|\s)--?([A-Za-z_]\w*)", flags))
 
 
+def without(flags: str, names: set[str]) -> str:
+    """flags less every flag called one of names, the rest of the string as written."""
+    for name in names:
+        flags = re.sub(rf"(?:^|\s)--?{name}(?:=\S*)?(?=\s|$)", "", flags)
+    return flags.strip()
+
+
 def merged(ours: str, user: str) -> str:
     """ours, less any flag user sets, then user's string unchanged: a user's choice wins."""
-    given = flag_names(user)
-    kept = [f for f in ours.split() if not flag_names(f) & given]
-    return " ".join(kept + [user.strip()] if user.strip() else kept)
+    return " ".join(filter(None, [without(ours, flag_names(user)), user.strip()]))
 
 
 def cpu_flags(model: str, user: str = "") -> str:

@@ -1,6 +1,5 @@
 """The step profile: it finds every convolution of the compiled step, of the right kind and shape."""
 
-import functools
 import json
 import os
 import subprocess
@@ -9,19 +8,13 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
-import optax
 import pytest
 
-from jax_dp import models, profile, train, xla_options
+from jax_dp import benchmark, models, profile, xla_options
 
 
 def compiled_step_hlo(model, batch_size):
-    tx = optax.sgd(0.1)
-    batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
-             "mask": jnp.ones(batch_size)}
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-    return step.lower(train.init_state(model, tx, jax.random.key(0)), train.zero_metrics(),
-                      batch).compile().as_text()
+    return benchmark.single_step(model, batch_size)[0].as_text()
 
 
 def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
