@@ -26,12 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(command: list[str], processes: int, port: int | None = None) -> int:
-    """Run command as processes ranks; the exit code is the first failure's, else 0."""
+def launch(command: list[str], processes: int, port: int | None = None, env: dict | None = None,
+           **popen) -> int:
+    """Run command as processes ranks (env: theirs, default ours; popen: to subprocess.Popen);
+    the exit code is the first failure's, else 0."""
     address = f"127.0.0.1:{port or free_port()}"
-    procs = [subprocess.Popen(command, env={**os.environ, "JAX_COORDINATOR_ADDRESS": address,
+    procs = [subprocess.Popen(command, env={**(os.environ if env is None else env),
+                                            "JAX_COORDINATOR_ADDRESS": address,
                                             "JAX_NUM_PROCESSES": str(processes),
-                                            "JAX_PROCESS_ID": str(rank)})
+                                            "JAX_PROCESS_ID": str(rank)}, **popen)
              for rank in range(processes)]
     try:
         while True:

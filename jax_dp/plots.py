@@ -98,3 +98,64 @@ def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_scaling(result: dict, path: Path) -> None:
+    """This machine's measured parts and checks (top), each profile's predicted speedups (bottom)."""
+    from jax_dp import scaling
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
+    compute, allreduce, checks, book = axes[0]
+    for cores, times in result["measured"]["compute"].items():
+        b = sorted(int(x) for x in times)
+        line = scaling.Line(**result["lines"][str(cores)])
+        compute.plot(b, [times[str(x)] for x in b], "o",
+                     label=f"{cores} core(s), measured")
+        compute.plot(b, [line(x) for x in b], "-", color=compute.lines[-1].get_color(), label="fit")
+    compute.set(xlabel="per-device batch", ylabel="s per step", title="(a) compute, one device")
+    compute.legend(fontsize="small")
+    for name, m in result["measured"]["configs"].items():
+        processes, local = map(int, name.split("x"))
+        transport, k = ("gloo", processes) if processes > 1 else ("in-process", local)
+        for scheme in ("psum", "ring", "star"):
+            points = sorted((a["bytes"], a["seconds"]) for a in m["allreduce"] if a["scheme"] == scheme)
+            if not points:
+                continue
+            link = scaling.Link(**result["links"][transport][scheme])
+            allreduce.loglog(*zip(*points), "o", ms=4, label=f"{scheme}, {transport}, k={k}")
+            allreduce.loglog([n for n, _ in points], [max(scaling.allreduce_s(link, scheme, n, k), 1e-7)
+                                                      for n, _ in points], "-",
+                             color=allreduce.lines[-1].get_color())
+    allreduce.set(xlabel="message bytes", ylabel="s per all-reduce",
+                  title="(b) all-reduce: measured (dots), alpha-beta fit (lines)")
+    allreduce.legend(fontsize="x-small", ncol=2)
+    names = [c["config"].replace("x", " proc x ") + " dev" for c in result["checks"]]
+    x = range(len(names))
+    checks.bar([i - 0.2 for i in x], [c["predicted_s"] for c in result["checks"]], 0.4, label="predicted")
+    checks.bar([i + 0.2 for i in x], [c["measured_s"] for c in result["checks"]], 0.4, label="measured")
+    checks.set_xticks(list(x), names, fontsize="small")
+    checks.set(ylabel="s per step", title=f"(c) {result['model']}, batch {result['batch_size']}: "
+               "model vs measurement")
+    checks.legend(fontsize="small")
+    if result.get("book"):
+        rows = [(f"{n} {k} GPU", b["book_s"][k], b["profile_s"][k], b["calibrated_s"][k])
+                for n, b in result["book"].items() for k in (1, 2)]
+        x = range(len(rows))
+        for shift, col, label in ((-0.27, 1, "book"), (0, 2, "model, profile"),
+                                  (0.27, 3, "model, fixed cost fitted to 1 GPU")):
+            book.bar([i + shift for i in x], [r[col] for r in rows], 0.27, label=label)
+        book.set_xticks(list(x), [r[0] for r in rows], fontsize="small")
+        book.set(ylabel="s per epoch", title="(d) the book's tables, V100 over PCIe")
+        book.legend(fontsize="small")
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    for ax, (name, kind) in zip(axes[1], [(n, w) for n in ("lenet", "resnet18") for w in ("weak", "strong")]):
+        for key, p in result["profiles"].items():
+            ax.plot(ks, p[name][kind], "-o", ms=3, label=key)
+            ax.plot(ks, p[name][f"{kind}_overlap"], "--", color=ax.lines[-1].get_color())
+        ax.plot(ks, ks, ":", color="grey", label="ideal")
+        ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="speedup over 1 device",
+               title=f"{name}, batch 256 {'per device' if kind == 'weak' else 'in all'} ({kind}); "
+                     "dashed: overlap")
+        ax.legend(fontsize="x-small")
+    _save(plt, fig, path)

@@ -26,5 +26,13 @@ def get_model(name: str, **options) -> Model:
 
 def model_bytes(name: str, **options) -> int:
     """Bytes of the model's params and state, found without starting JAX's backend."""
-    shapes = jax.eval_shape(lambda: get_model(name, **options).init(jax.random.key(0)))
+    return _bytes(jax.eval_shape(lambda: get_model(name, **options).init(jax.random.key(0))))
+
+
+def param_bytes(name: str, **options) -> int:
+    """Bytes of the model's params alone: what a step all-reduces as gradients."""
+    return _bytes(jax.eval_shape(lambda: get_model(name, **options).init(jax.random.key(0)))[0])
+
+
+def _bytes(shapes) -> int:
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
