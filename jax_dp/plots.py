@@ -143,7 +143,7 @@ def plot_scaling(result: dict, path: Path) -> None:
                 for n, b in result["book"].items() for k in (1, 2)]
         x = range(len(rows))
         for shift, col, label in ((-0.27, 1, "book"), (0, 2, "model, profile"),
-                                  (0.27, 3, "model, fixed cost fitted to 1 GPU")):
+                                  (0.27, 3, "model, per-step offset fitted to 1 GPU")):
             book.bar([i + shift for i in x], [r[col] for r in rows], 0.27, label=label)
         book.set_xticks(list(x), [r[0] for r in rows], fontsize="small")
         book.set(ylabel="s per epoch", title="(d) the book's tables, V100 over PCIe")
