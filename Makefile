@@ -15,8 +15,9 @@ lenet: setup
 resnet18: setup
 	$(RUN) -m experiments.resnet18
 
+# Tests run in up to 4 processes (pytest-xdist): most of a test is compiling, on one core.
 test: setup
-	$(RUN) -m pytest -q
+	$(RUN) -m pytest -q -n auto --maxprocesses=4
 
 setup: $(VENV)/installed $(DATA) $(TCMALLOC)
 

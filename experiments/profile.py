@@ -1,8 +1,9 @@
 """Where does a training step's time go, convolution by convolution, against PyTorch's ops?
 
 Run: `python -m experiments.profile --model lenet --peer torch` times one single-device step
-of batch 256 under the model's XLA options (README, "Speed"), then each convolution of the
-compiled step alone, and PyTorch's step under its profiler, grouped the same way.
+of batch 256 under the model's XLA options (README, "Speed"), then each op inside it (XLA:CPU's
+profiler events), each convolution of the compiled step alone, and PyTorch's step under its
+profiler, grouped the same way.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def table(model: str, batch_size: int, ours: dict, peer: dict | None) -> str:
         lines.append(f"| {kind} | {ms:.1f} | {theirs} |")
     theirs = f"{peer['step_ms']:.1f}" if peer else "-"
     lines += [f"| **step** | **{ours['step_ms']:.1f}** | **{theirs}** |", "",
+              "Inside the step (XLA:CPU's profiler events; other work by HLO op name):", "",
+              "| work | ms per step |", "|---|---:|"]
+    lines += [f"| {kind} | {ms:.1f} |" for kind, ms in ours["in_step"].items() if abs(ms) >= 0.05]
+    lines += ["",
               "| convolution | input | kernel | output | ms alone | GFLOP/s |",
               "|---|---|---|---|---:|---:|"]
     for c in ours["convs"]:

@@ -1,8 +1,12 @@
-"""Where a training step's time goes: each convolution of the compiled step, timed alone."""
+"""Where a training step's time goes: each op inside the compiled step (XLA:CPU's profiler
+events), and each of its convolutions timed alone."""
 
 from __future__ import annotations
 
+import collections
+import glob
 import re
+import tempfile
 import time
 from typing import Callable
 
@@ -16,6 +20,7 @@ from jax_dp.models import Model
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
 KINDS = ("conv forward", "conv dX", "conv dW", "rest")
 _DEF = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = f32\[([\d,]*)\]")
+_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ", re.M)
 _CONV = re.compile(r"convolution\(%?([\w.\-]+), %?([\w.\-]+)\), window=\{([^}]*)\}, "
                    r"dim_labels=b01f_01io->b01f")
 
@@ -84,5 +89,47 @@ def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
         macs = np.prod(conv["out"]) * np.prod(conv["rhs"][:3])  # Per output: kh kw C_in.
         conv["gflops"] = 2 * macs / conv["ms"] / 1e6
     sums = {kind: sum(c["ms"] for c in convs if c["kind"] == kind) for kind in KINDS[:-1]}
+    ops = in_step(compiled, arguments, repeats)
+    kinds = {c["op"]: c["kind"] for c in convs}
+    inside = collections.Counter()
+    for op, ms in ops.items():
+        inside[group(op, kinds)] += ms
     return {"step_ms": step_ms, "convs": sorted(convs, key=lambda c: -c["ms"]),
-            "by_kind": {**sums, "rest": step_ms - sum(sums.values())}}
+            "by_kind": {**sums, "rest": step_ms - sum(sums.values())},
+            "in_step": {**dict(inside.most_common()), "between ops": step_ms - sum(ops.values())}}
+
+
+def _covered_ns(intervals: list[tuple[int, int]]) -> int:
+    """Nanoseconds covered by the union of [start, end) intervals."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total, reach = total + end - start, end
+        elif end > reach:
+            total, reach = total + end - reach, end
+    return total
+
+
+def in_step(compiled, arguments: tuple, repeats: int = 3) -> dict[str, float]:
+    """Milliseconds per step each op of a compiled step runs inside it: the wall time its
+    events on XLA:CPU's threads cover (one op's parallel pieces counted once), by HLO name."""
+    names = set(_NAME.findall(compiled.as_text()))
+    jax.block_until_ready(compiled(*arguments))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            for _ in range(repeats):
+                jax.block_until_ready(compiled(*arguments))
+        (path,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+    intervals = collections.defaultdict(list)
+    for plane in data.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name in names:
+                    intervals[event.name].append((event.start_ns, event.start_ns + event.duration_ns))
+    return {name: _covered_ns(iv) / repeats / 1e6 for name, iv in intervals.items()}
+
+
+def group(op: str, convs: dict[str, str]) -> str:
+    """An op's kind of work: its convolution kind, else its HLO name without the number."""
+    return convs.get(op) or re.sub(r"\.\d+$", "", op)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import jax
@@ -61,6 +62,8 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     assert {r["kind"] for r in theirs["ops"] if r["op"] == "aten::convolution_backward"} == {
         "conv backward"}
     assert f"| conv dW | {ours['by_kind']['conv dW']:.1f} |" in proc.stdout
+    # Inside the step, each convolution is found by its HLO name under its kind.
+    assert all(ours["in_step"][kind] > 0 for kind in {c["kind"] for c in ours["convs"]})
 
 
 def test_the_profile_cli_refuses_a_batch_of_zero():
@@ -68,3 +71,35 @@ def test_the_profile_cli_refuses_a_batch_of_zero():
                           capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "python -m experiments.profile: error: --batch-size and --repeats must be at least 1"]
+
+
+def test_overlapping_events_are_counted_once():
+    """An op's parallel pieces on two threads overlap: [0, 10) and [5, 12) cover 12 ns, not 17;
+    a later piece [20, 25) adds 5."""
+    assert profile._covered_ns([(5, 12), (0, 10), (20, 25), (21, 22)]) == 17
+    assert profile._covered_ns([]) == 0
+
+
+def test_in_step_times_each_op_of_the_compiled_step():
+    """A 1024^2 matrix product and a cheap elementwise op: found by their HLO names (whatever
+    fusion XLA puts them in), the product taking most of the step, all within the step."""
+    x = jnp.ones((1024, 1024))
+    compiled = jax.jit(lambda a: jnp.tanh(a @ a) + 1).lower(x).compile()
+    ops = profile.in_step(compiled, (x,), repeats=3)
+    start = time.perf_counter()
+    for _ in range(3):
+        jax.block_until_ready(compiled(x))
+    step_ms = (time.perf_counter() - start) / 3 * 1e3
+    names = set(profile._NAME.findall(compiled.as_text()))
+    assert ops and set(ops) <= names
+    # 2 GFLOP of product against a million tanh: the op that holds the product dominates.
+    slowest = max(ops, key=ops.get)
+    assert ops[slowest] > 0.8 * sum(ops.values()) and len(ops) >= 2
+    assert sum(ops.values()) < 1.5 * step_ms
+
+
+def test_ops_are_grouped_by_kind():
+    convs = {"convolution.3": "conv dX"}
+    assert profile.group("convolution.3", convs) == "conv dX"
+    assert profile.group("transpose_copy_fusion.12", convs) == "transpose_copy_fusion"
+    assert profile.group("dot", convs) == "dot"
