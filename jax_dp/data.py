@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -29,14 +30,21 @@ def default_data_dir() -> Path:
 def _prepared_builder(data_dir, source_dir):
     import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to load.
 
-    builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
-    if not builder.is_prepared():
-        fashion_mnist.check_source(source_dir)
-        print(f"preparing Fashion-MNIST from {source_dir} into {data_dir} (once)", file=sys.stderr)
-        tfds.disable_progress_bar()
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
-    return builder
+    def builder():
+        return fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
+
+    if builder().is_prepared():
+        return builder()
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(data_dir) / ".fashion_mnist_idx.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # Processes started together (test workers, ranks) prepare once.
+        if not builder().is_prepared():
+            fashion_mnist.check_source(source_dir)
+            print(f"preparing Fashion-MNIST from {source_dir} into {data_dir} (once)", file=sys.stderr)
+            tfds.disable_progress_bar()
+            builder().download_and_prepare(
+                download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
+    return builder()
 
 
 def _tfds_builder(data_dir):

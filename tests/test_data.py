@@ -2,6 +2,8 @@
 
 import gzip
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -102,3 +104,18 @@ def test_batches_follow_the_order_from_start_and_drop_remainder_drops_the_tail()
     assert labels == [[5, 4, 3, 2], [1, 0, 0, 0]]  # The last batch is padded (mask 0).
     assert [len(b["label"]) for b in data.batches(split, 4, drop_remainder=True)] == [4, 4]
     assert data.num_batches(10, 4) == 3 and data.num_batches(10, 4, drop_remainder=True) == 2
+
+
+def test_processes_started_together_prepare_the_data_once(tmp_path, fashion_test):
+    """Catches the race of two processes preparing one fresh data dir (parallel test workers,
+    the ranks of a multi-process run): TFDS's second rename used to fail."""
+    script = ("import sys; from jax_dp import data; "
+              "s = data.load_fashion_mnist('test', data_dir=sys.argv[1]); "
+              "print(int(s.labels.sum()), float(s.images.sum()))")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[1][1][-500:] or outs[0][1][-500:]
+    lasts = [out.strip().splitlines()[-1] for out, _ in outs]  # TFDS prints its own lines first.
+    assert lasts == [f"{int(fashion_test.labels.sum())} {float(fashion_test.images.sum())}"] * 2
+    assert sum("preparing Fashion-MNIST" in err for _, err in outs) == 1
