@@ -109,8 +109,8 @@ def main(args) -> None:
         scaling.check_devices(k)
     if args.processes == 1 or args.processes < 0:
         raise ValueError(f"--processes must be 0 (skip) or at least 2, got {args.processes}")
-    if min(batch, steps, repeats, args.sizes - 1) < 1:
-        raise ValueError("--batch-size, --steps and --repeats must be at least 1, --sizes at least 2")
+    if min(batch - 1, steps, repeats, args.sizes - 1) < 1:
+        raise ValueError("--steps and --repeats must be at least 1, --batch-size and --sizes at least 2")
     cpus = sorted(os.sched_getaffinity(0))
     if args.processes > len(cpus):
         raise ValueError(f"--processes {args.processes} needs a core each; this machine gives "
@@ -137,7 +137,7 @@ def measure(model: str, batch: int, steps: int, repeats: int, sizes: list[int],
     """Every measurement the model needs, each in its own process(es)."""
     base = {"model": model, "steps": steps, "repeats": repeats, "batch_size": batch, "sizes": sizes}
     counts = sorted(set(device_counts))
-    per_device = sorted({batch // k for k in counts + [processes or 1]} | {batch // 2})
+    per_device = sorted({batch // k for k in counts + [processes or 1]} | {batch, batch // 2})
     compute = {}
     for cores in sorted({1, len(cpus)}):
         compute[cores] = spawn({**base, "kind": "compute", "cpus": cpus[:cores], "batches": per_device})
