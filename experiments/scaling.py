@@ -98,7 +98,7 @@ def main(args) -> None:
     """Measure, fit, check the predictions, then draw the profiles' curves."""
     import numpy as np
 
-    from jax_dp import hardware, models, scaling
+    from jax_dp import devices, hardware, models
 
     profiles = hardware.load_profiles(args.profiles)
     common.check_writable(args.json)
@@ -106,7 +106,7 @@ def main(args) -> None:
     d = DEFAULTS[args.model]
     batch, steps, repeats = args.batch_size or d["batch_size"], args.steps or d["steps"], args.repeats
     for k in args.devices:
-        scaling.check_devices(k)
+        devices.check_count(k)
     if args.processes == 1 or args.processes < 0:
         raise ValueError(f"--processes must be 0 (skip) or at least 2, got {args.processes}")
     if min(batch - 1, steps, repeats, args.sizes - 1) < 1:
@@ -161,8 +161,7 @@ def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profi
              for c, t in measured["compute"].items()}
     samples = {}  # transport -> scheme -> [(messages, bytes, seconds)]
     for name, m in measured["configs"].items():
-        processes, k = map(int, name.split("x"))
-        transport, k = ("gloo", processes) if processes > 1 else ("in-process", k)
+        transport, _, k = scaling.layout(name)
         for a in m["allreduce"]:
             messages, sent = scaling.busiest_link(a["scheme"], a["bytes"], k)
             samples.setdefault(transport, {}).setdefault(a["scheme"], []).append((messages, sent, a["seconds"]))
@@ -170,17 +169,15 @@ def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profi
              for t, by in samples.items()}
     checks = []
     for name, m in measured["configs"].items():
-        processes, local = map(int, name.split("x"))
-        k = processes * local
+        transport, processes, k = scaling.layout(name)
         # One process's simulated devices share one thread pool over all its cores, so their
         # steps take turns on them; each process of several has one core of its own.
         compute = k * lines[cores](batch / k) if processes == 1 else lines[1](batch / k)
-        link = links.get("gloo" if processes > 1 else "in-process", {}).get("psum")
+        link = links.get(transport, {}).get("psum")
         comm = scaling.allreduce_s(link, "psum", grad, k, m["arrays"]) if link else 0.0
         predicted = {o: scaling.step_s(compute, comm, m["fixed_s"], overlap=o) for o in (False, True)}
         checks.append({"config": name, "devices": k, "processes": processes, "compute_s": compute,
-                       "arrays": m["arrays"],
-                       "allreduce_s": comm, "fixed_s": m["fixed_s"], "measured_s": m["step_s"],
+                       "arrays": m["arrays"], "allreduce_s": comm, "fixed_s": m["fixed_s"], "measured_s": m["step_s"],
                        "predicted_s": predicted[False], "predicted_overlap_s": predicted[True],
                        "error": predicted[False] / m["step_s"] - 1})
     shapes = {name: {"flops_per_image": benchmark.step_flops(models.get_model(name), 64) / 64,

@@ -8,7 +8,6 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -36,8 +35,7 @@ def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple
     (compiled step, state, metrics, batch)."""
     tx = optax.sgd(0.1)
     state = train.init_state(model, tx, jax.random.key(0))
-    batch = {"image": jnp.zeros((batch_size, *image_shape)), "label": jnp.zeros(batch_size, jnp.int32),
-             "mask": jnp.ones(batch_size)}
+    batch = jax.device_put(data.zero_batch(batch_size, image_shape))
     step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
     return step.lower(state, train.zero_metrics(), batch).compile(), state, train.zero_metrics(), batch
 
@@ -47,9 +45,8 @@ def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
     step JAX lowers (no compile: within 0.5% of the optimized step's count)."""
     tx = optax.sgd(0.1)
     state = jax.eval_shape(lambda: train.init_state(model, tx, jax.random.key(0)))
-    batch = {"image": jax.ShapeDtypeStruct((batch_size, *image_shape), jnp.float32),
-             "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
-             "mask": jax.ShapeDtypeStruct((batch_size,), jnp.float32)}
+    batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         data.zero_batch(batch_size, image_shape))
     step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
     cost = step.lower(state, jax.eval_shape(train.zero_metrics), batch).cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
@@ -143,8 +140,7 @@ def time_fixed(model: Model, devices: Sequence[jax.Device], batch_size: int, rep
         **metrics, "count": metrics["count"] + batch["mask"].sum()}), donate_argnums=(0,))
     state = b.replicate(train.init_state(model, tx, jax.random.key(0)))
     metrics = b.replicate(train.zero_metrics())
-    batch = b.shard({"image": np.zeros((batch_size, 28, 28, 1), np.float32),
-                     "label": np.zeros(batch_size, np.int32), "mask": np.ones(batch_size, np.float32)})
+    batch = b.shard(data.zero_batch(batch_size))
 
     def run():
         nonlocal state, metrics
@@ -164,8 +160,7 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     tx = optax.sgd(0.1)
     b = make_backend("pmap", devices)
     steps = train.make_steps(model, tx, b)
-    batch = b.shard({"image": np.zeros((batch_size, 28, 28, 1), np.float32),
-                     "label": np.zeros(batch_size, np.int32), "mask": np.ones(batch_size, np.float32)})
+    batch = b.shard(data.zero_batch(batch_size))
     text = steps.train_batch.lower(b.replicate(train.init_state(model, tx, jax.random.key(0))),
                                    b.replicate(train.zero_metrics()), batch).compile().as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]

@@ -30,21 +30,21 @@ def default_data_dir() -> Path:
 def _prepared_builder(data_dir, source_dir):
     import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to load.
 
-    def builder():
-        return fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
-
-    if builder().is_prepared():
-        return builder()
+    builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
+    if builder.is_prepared():
+        return builder
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(data_dir) / ".fashion_mnist_idx.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Processes started together (test workers, ranks) prepare once.
-        if not builder().is_prepared():
+        # A new builder sees what another process prepared while this one waited.
+        builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
+        if not builder.is_prepared():
             fashion_mnist.check_source(source_dir)
             print(f"preparing Fashion-MNIST from {source_dir} into {data_dir} (once)", file=sys.stderr)
             tfds.disable_progress_bar()
-            builder().download_and_prepare(
+            builder.download_and_prepare(
                 download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
-    return builder()
+    return builder
 
 
 def _tfds_builder(data_dir):
@@ -95,6 +95,12 @@ def epoch_order(n: int, key: jax.Array) -> np.ndarray:
 def num_batches(n: int, batch_size: int, drop_remainder: bool = False) -> int:
     """How many global batches one epoch of n examples has."""
     return n // batch_size if drop_remainder else -(-n // batch_size)
+
+
+def zero_batch(size: int, image_shape: tuple[int, ...] = (28, 28, 1)) -> dict[str, np.ndarray]:
+    """A batch of size all-zero images, label 0, every row real: for compiling and timing."""
+    return {"image": np.zeros((size, *image_shape), np.float32), "label": np.zeros(size, np.int32),
+            "mask": np.ones(size, np.float32)}
 
 
 def batches(data: Split, batch_size: int, *, num_devices: int = 1, order: np.ndarray | None = None,

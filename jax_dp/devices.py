@@ -44,11 +44,16 @@ def _available_memory() -> int:
         return 2**62
 
 
+def check_count(k: int) -> None:
+    """Refuse a device count below 1."""
+    if k < 1:
+        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
+
+
 def simulate_cpu_devices(k: int, model_bytes: int = 0) -> None:
     """Make XLA:CPU expose k devices (checked by check_simulated); a no-op for the GPU
     backend or when JAX_NUM_CPU_DEVICES is set."""
-    if k < 1:
-        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
+    check_count(k)
     check_simulated(k, model_bytes)
     if "JAX_NUM_CPU_DEVICES" in os.environ:  # The user's own choice wins.
         return
@@ -69,8 +74,7 @@ def get_devices(k: int) -> tuple[jax.Device, ...]:
     In a multi-process run, k counts devices over all processes: the first k / P local
     devices of each of the P processes.
     """
-    if k < 1:
-        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
+    check_count(k)
     processes = jax.process_count()
     if processes > 1:
         if k % processes:

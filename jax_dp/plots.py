@@ -116,8 +116,7 @@ def plot_scaling(result: dict, path: Path) -> None:
     compute.set(xlabel="per-device batch", ylabel="s per step", title="(a) compute, one device")
     compute.legend(fontsize="small")
     for name, m in result["measured"]["configs"].items():
-        processes, local = map(int, name.split("x"))
-        transport, k = ("gloo", processes) if processes > 1 else ("in-process", local)
+        transport, _, k = scaling.layout(name)
         for scheme in ("psum", "ring", "star"):
             points = sorted((a["bytes"], a["seconds"]) for a in m["allreduce"] if a["scheme"] == scheme)
             if not points:

@@ -91,8 +91,8 @@ def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
     sums = {kind: sum(c["ms"] for c in convs if c["kind"] == kind) for kind in KINDS[:-1]}
     # XLA:CPU runs convolutions asynchronously on Eigen's pool: their events cover only their
     # launch, so inside the step they are what the other ops' events leave uncovered.
-    ops = {op: ms for op, ms in in_step(compiled, arguments, repeats).items()
-           if op not in {c["op"] for c in convs}}
+    conv_ops = {c["op"] for c in convs}
+    ops = {op: ms for op, ms in in_step(compiled, arguments, repeats).items() if op not in conv_ops}
     inside = collections.Counter()
     for op, ms in ops.items():
         inside[group(op)] += ms

@@ -7,6 +7,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from jax_dp.allreduce import bytes_sent
+from jax_dp.devices import check_count
 from jax_dp.errors import ParamError
 
 # psum is modelled as a ring: what NCCL and gloo run for large messages.
@@ -50,6 +51,13 @@ def fit_link(messages: Sequence[float], n_bytes: Sequence[float], seconds: Seque
     return Link(*_lstsq([m, n], t))
 
 
+def layout(config: str) -> tuple[str, int, int]:
+    """A config 'PxL' (P processes of L devices each) as (transport, processes, devices): gloo
+    between processes, else one process's own all-reduce."""
+    processes, local = map(int, config.split("x"))
+    return ("gloo" if processes > 1 else "in-process"), processes, processes * local
+
+
 def busiest_link(scheme: str, n_bytes: int, k: int) -> tuple[int, int]:
     """(messages, bytes) that pass the busiest device's link one after another when n_bytes of
     float32 gradients are all-reduced over k devices by scheme.
@@ -85,16 +93,10 @@ def step_s(compute_s: float, comm_s: float, fixed_s: float, overlap: bool = Fals
     return compute_s + comm_s + fixed_s
 
 
-def check_devices(k: int) -> None:
-    """Refuse a device count below 1."""
-    if k < 1:
-        raise ParamError("devices", f"{{}} must be at least 1, got {k}")
-
-
 def speedup(step: Callable[[float, int], float], batch: int, k: int, weak: bool) -> float:
     """Images per second on k devices over one device's, for step(per-device batch, k) in
     seconds: weak scaling keeps batch per device (global batch x k), strong splits it k ways."""
-    check_devices(k)
+    check_count(k)
     per_device = batch if weak else batch / k
     return (k * per_device / step(per_device, k)) / (batch / step(batch, 1))
 

@@ -331,8 +331,7 @@ def _compile(steps: Steps, state: TrainState, size: int, image_shape, split=None
     """Compile the steps ahead of time for batches of size examples, and train_calls for
     calls of each of call_lengths steps over split; returns the steps and {length: call}."""
     backend = steps.backend
-    batch = backend.shard({"image": np.zeros((size,) + image_shape, np.float32),
-                           "label": np.zeros(size, np.int32), "mask": np.ones(size, np.float32)})
+    batch = backend.shard(data_lib.zero_batch(size, image_shape))
     metrics = backend.replicate(zero_metrics())
     train_batch = steps.train_batch if split is not None else \
         steps.train_batch.lower(state, metrics, batch).compile()

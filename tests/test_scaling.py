@@ -128,3 +128,9 @@ def test_bad_profile_files_are_refused(tmp_path, write, message):
 def test_bad_profile_values_are_refused(tmp_path, changes):
     with pytest.raises(ParamError, match="profile 'toy'"):
         hardware.load_profiles(profile_file(tmp_path, **changes))
+
+
+def test_a_configs_name_gives_its_transport_and_device_count():
+    assert scaling.layout("1x4") == ("in-process", 1, 4)
+    assert scaling.layout("2x1") == ("gloo", 2, 2)
+    assert scaling.layout("2x3") == ("gloo", 2, 6)
