@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Sequence
 
 import jax
@@ -23,7 +24,8 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
     they fall back to a naive loop about 10x slower. Here both gradients are canonical
     forward convolutions:
       dx = g (dilated by the stride, padded k-1-p) conv the flipped kernel, in/out swapped;
-      dw = x read as (C, H, W, N) conv g read as (Ho, Wo, N, O), dilated by the stride.
+      dw = N summed out of x and g by a convolution over H and W, which needs one of them
+        wholly transposed (N last): the smaller (_dw_from_x, _dw_from_g).
     """
     strides = tuple(strides)
     # Under shard_map's type checks, give x and w one set of varying axes first, as JAX does
@@ -52,18 +54,53 @@ def _conv_fwd(x, w, strides, pads):
 
 def _conv_bwd(strides, pads, residuals, g):
     x, w = residuals
-    sizes, kernel, out = x.shape[1:3], w.shape[:2], g.shape[1:3]
+    sizes, kernel = x.shape[1:3], w.shape[:2]
     # Rows the forward pass never reached (size + padding - k not a multiple of the stride)
     # get a zero gradient: the extra high padding below.
     dx_pads = [(k - 1 - lo, k - 1 - hi + (n + lo + hi - k) % s)
                for n, k, s, (lo, hi) in zip(sizes, kernel, strides, pads)]
     with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.profile).
         dx = _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
-    dw_pads = [(lo, k + (o - 1) * s - n - lo)
-               for n, k, o, s, (lo, _) in zip(sizes, kernel, out, strides, pads)]
+    # dW sums over N, so one of x and g must be wholly transposed (N last). XLA:CPU runs a
+    # transpose at copy speed only when its input is in memory; fused with the BatchNorm and
+    # ReLU it recomputes rather than read x, it is up to 10x slower. g comes from fusions
+    # that XLA does not fuse further: transpose g, unless x is the smaller (a network's stem).
     with jax.named_scope("conv_dw"):
-        dw = _plain(x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), dw_pads, rhs_dilation=strides)
-    return dx.astype(x.dtype), dw.transpose(1, 2, 0, 3).astype(w.dtype)
+        dw_from = _dw_from_x if x[0].size < g[0].size else _dw_from_g
+        dw = dw_from(x, g, kernel, strides, pads)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def _dw_from_x(x, g, kernel, strides, pads):
+    """dW as x read as (C, H, W, N) conv g read as (Ho, Wo, N, O), dilated by the stride."""
+    dw_pads = [(lo, k + (o - 1) * s - n - lo)
+               for n, k, o, s, (lo, _) in zip(x.shape[1:3], kernel, g.shape[1:3], strides, pads)]
+    dw = _plain(x.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3), dw_pads, rhs_dilation=strides)
+    return dw.transpose(1, 2, 0, 3)
+
+
+def _dw_from_g(x, g, kernel, strides, pads):
+    """dW as g read as (O, Ho, Wo, N) conv x[r::stride] read as (H, W, N, C), per phase r."""
+    gt = g.transpose(3, 1, 2, 0)
+    dw = jnp.zeros((*kernel, x.shape[3], g.shape[3]), jnp.result_type(x, g))
+    axes = [_phases(*dims) for dims in zip(x.shape[1:3], kernel, g.shape[1:3], strides, pads)]
+    for (rh, th, ph), (rw, tw, pw) in itertools.product(*axes):
+        xt = x[:, rh::strides[0], rw::strides[1]].transpose(1, 2, 0, 3)
+        taps = jnp.flip(_plain(gt, xt, (ph, pw)), (1, 2))  # It yields the taps last first.
+        dw = dw.at[th.start::th.step, tw.start::tw.step].set(taps.transpose(1, 2, 3, 0))
+    return dw
+
+
+def _phases(size, k, out, s, pad):
+    """Along one axis, per phase r of the stride: (r, the kernel taps t that meet x[r::s],
+    g's padding that lines them up); tap t meets x[r::s][i + q] where t - lo = s * q + r."""
+    lo, phases = pad[0], []
+    for r in range(min(s, size)):
+        taps = range((lo + r) % s, k, s)
+        if taps:
+            first, last = ((t - lo - r) // s for t in (taps[0], taps[-1]))
+            phases.append((r, taps, (last, len(range(r, size, s)) - out - first)))
+    return phases
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)

@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_dp.conv import CANONICAL, conv
+from jax_dp.conv import CANONICAL, _dw_from_g, _dw_from_x, conv
 
 CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
     (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
     (2, 10, 4, 3, 3, 2, ((1, 1), (1, 1))), (1, 13, 2, 3, 5, 1, "VALID"),
     (2, 12, 3, 2, 5, 2, ((2, 1), (0, 2))), (2, 7, 3, 3, 1, 2, "VALID"), (2, 9, 2, 4, 3, 2, "VALID"),
 ]
+# Phases of the stride that meet no tap, or no row of x; even kernels; uneven padding.
+MORE_CASES = [(2, 10, 2, 3, 3, 3, ((2, 0), (1, 2))), (2, 13, 2, 2, 4, 2, ((0, 3), (2, 1))),
+              (2, 6, 1, 2, 2, 4, ((1, 1), (0, 0))), (1, 3, 2, 1, 5, 2, ((2, 2), (2, 2)))]
 
 
 def reference_and_ours(case, dtype):
@@ -32,7 +35,7 @@ def reference_and_ours(case, dtype):
     return results
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_value_and_both_gradients_equal_lax_conv_in_float64(case):
     with jax.enable_x64(True):
         want, got = reference_and_ours(case, jnp.float64)
@@ -48,6 +51,25 @@ def test_value_and_both_gradients_equal_lax_conv_in_float32(case):
         assert a.dtype == jnp.float32
         # Sums of up to k*k*c*n products in another order: a few float32 ulps of their size.
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
+
+
+@pytest.mark.parametrize("dw_from", [_dw_from_x, _dw_from_g], ids=["from_x", "from_g"])
+@pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
+def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
+    """conv picks one of two forms of dW per shape; each must hold for every shape."""
+    n, size, c, o, k, s, padding = case
+    rng = np.random.default_rng(k * s)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
+        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
+        y, vjp = jax.vjp(lambda w: lax.conv_general_dilated(
+            x, w, (s, s), padding, dimension_numbers=CANONICAL), w)
+        g = jnp.asarray(rng.normal(size=y.shape))
+        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
+            if isinstance(padding, str) else padding
+        want, got = vjp(g)[0], dw_from(x, g, (k, k), (s, s), pads)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
 
 
 def conv_layouts(fn, *args) -> list[str]:
