@@ -24,8 +24,8 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
     they fall back to a naive loop about 10x slower. Here both gradients are canonical
     forward convolutions:
       dx = g (dilated by the stride, padded k-1-p) conv the flipped kernel, in/out swapped;
-      dw = N summed out of x and g by a convolution over H and W, which needs one of them
-        wholly transposed (N last): the smaller (_dw_from_x, _dw_from_g).
+      dw = x and g convolved over H and W, summing N, which needs one of them wholly
+        transposed (N last): g, unless x is the smaller (_dw_from_g, _dw_from_x).
     """
     strides = tuple(strides)
     # Under shard_map's type checks, give x and w one set of varying axes first, as JAX does
