@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_dp.parallel import same_varying
+
 CANONICAL = ("NHWC", "HWIO", "NHWC")
 
 
@@ -28,11 +30,7 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
         transposed (N last): g, unless x is the smaller (_dw_from_g, _dw_from_x).
     """
     strides = tuple(strides)
-    # Under shard_map's type checks, give x and w one set of varying axes first, as JAX does
-    # for its own primitives, so the custom gradients have the types of their inputs.
-    varying = jax.typeof(x).mat.varying | jax.typeof(w).mat.varying
-    x, w = (lax.pcast(a, tuple(varying - jax.typeof(a).mat.varying), to="varying")
-            if varying - jax.typeof(a).mat.varying else a for a in (x, w))
+    x, w = same_varying(x, w)
     pads = tuple(lax.padtype_to_pads(x.shape[1:3], w.shape[:2], strides, padding)
                  if isinstance(padding, str) else map(tuple, padding))
     return _conv(x, w, strides, pads)

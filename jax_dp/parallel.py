@@ -73,6 +73,15 @@ def reduced(params: Any, axis_name: str | None, sharded: jax.Array) -> Any:
     return lax.pcast(params, axis_name, to="reduced")
 
 
+def same_varying(*arrays: jax.Array) -> tuple[jax.Array, ...]:
+    """arrays with one set of varying axes, their union, as JAX gives its own primitives'
+    inputs: under shard_map's type checks a custom_vjp's gradients then have the types of
+    its inputs."""
+    varying = frozenset().union(*(jax.typeof(a).mat.varying for a in arrays))
+    return tuple(lax.pcast(a, tuple(varying - jax.typeof(a).mat.varying), to="varying")
+                 if varying - jax.typeof(a).mat.varying else a for a in arrays)
+
+
 def allreduce(tree: Any, axis_name: str | None = AXIS) -> Any:
     """Sum every leaf over the devices of axis_name (identity when axis_name is None)."""
     return tree if axis_name is None else lax.psum(tree, axis_name)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 
 from jax_dp.conv import flax_conv
 from jax_dp.errors import ParamError
+from jax_dp.models.batch_norm import normalize
 from jax_dp.models.model import Model, get_activation
-from jax_dp.parallel import allreduce
 
 # The book's initialisation, Normal(0, 0.01) for every convolution and dense weight,
 # biases zero; BatchNorm after each convolution keeps the signal alive despite the scale.
@@ -42,21 +42,14 @@ class BatchNorm(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (features,))
         running_mean = self.variable("batch_stats", "mean", jnp.zeros, (features,))
         running_var = self.variable("batch_stats", "var", jnp.ones, (features,))
-        if train:
-            m = mask.reshape((-1,) + (1,) * (x.ndim - 1))
-            axes = tuple(range(x.ndim - 1))
-            rows_per_example = x.size // (x.shape[0] * features)
-            sums = jnp.stack([jnp.sum(x * m, axes), jnp.sum(x * x * m, axes),
-                              jnp.broadcast_to(jnp.sum(mask) * rows_per_example, (features,))])
-            s1, s2, n = allreduce(sums, self.axis_name)
-            mean = s1 / n
-            var = jnp.maximum(s2 / n - mean * mean, 0.0)
-            if not self.is_initializing():
-                running_mean.value = self.momentum * running_mean.value + (1 - self.momentum) * mean
-                running_var.value = self.momentum * running_var.value + (1 - self.momentum) * var
-        else:
-            mean, var = running_mean.value, running_var.value
-        return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias
+        if not train:
+            return (x - running_mean.value) * jax.lax.rsqrt(running_var.value + self.epsilon) \
+                * scale + bias
+        y, mean, var = normalize(x, mask, scale, bias, self.axis_name, self.epsilon)
+        if not self.is_initializing():
+            running_mean.value = self.momentum * running_mean.value + (1 - self.momentum) * mean
+            running_var.value = self.momentum * running_var.value + (1 - self.momentum) * var
+        return y
 
 
 class Residual(nn.Module):
