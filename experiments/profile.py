@@ -18,6 +18,10 @@ def main(args) -> None:
     common.check_writable(args.json)
     if args.batch_size < 1 or args.repeats < 1:
         raise ValueError("--batch-size and --repeats must be at least 1")
+    if args.pairs < 0:
+        raise ValueError("--pairs must be 0 (no alternation) or more")
+    if args.pairs and args.peer != "torch":
+        raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     common.use_xla_options(args.model)
     from jax_dp import models, profile
 
@@ -30,8 +34,29 @@ def main(args) -> None:
 
         peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
     print(table(args.model, args.batch_size, ours, peer))
+    alternated = args.pairs and alternated_steps(args.model, options, args.batch_size, args.pairs)
+    if alternated:
+        print(f"\nthe two steps in turns, {args.pairs} pairs: jax_dp "
+              f"{alternated['jax_s_median']:.3f} s, PyTorch {alternated['torch_s_median']:.3f} s, "
+              f"ratio {alternated['ratio_median']:.2f}x (median of the pairs' ratios)")
     common.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
-                                  "jax": ours, "torch": peer})
+                                  "jax": ours, "torch": peer, "alternated": alternated or None})
+
+
+def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> dict:
+    """jax_dp's single-device step and PyTorch's, in turns in this process: each pair's ratio
+    is then measured at one moment of the host, whatever its load."""
+    import jax
+    import numpy as np
+
+    from jax_dp import benchmark, models, profile, torch_peer
+
+    compiled, *arguments = benchmark.single_step(models.get_model(model, **options), batch_size)
+    ours, theirs = profile.alternate(lambda: jax.block_until_ready(compiled(*arguments)),
+                                     torch_peer.step_on_zeros(model, batch_size), pairs)
+    return {"jax_s": ours, "torch_s": theirs, "jax_s_median": float(np.median(ours)),
+            "torch_s_median": float(np.median(theirs)),
+            "ratio_median": float(np.median(np.divide(ours, theirs)))}
 
 
 def table(model: str, batch_size: int, ours: dict, peer: dict | None) -> str:
@@ -68,6 +93,8 @@ def parser():
     p.add_argument("--batch-size", type=int, default=256, help="images per step")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each; figures are medians")
     p.add_argument("--peer", choices=["torch"], help="also profile PyTorch's step")
+    p.add_argument("--pairs", type=int, default=0,
+                   help="then time jax_dp's step and PyTorch's in turns, this many of each")
     p.add_argument("--json", type=Path, help="write both profiles here")
     return p
 

@@ -8,7 +8,7 @@ import glob
 import re
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -64,6 +64,20 @@ def _median_ms(fn: Callable, *args, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * 1e3
+
+
+def alternate(first: Callable[[], Any], second: Callable[[], Any],
+              pairs: int) -> tuple[list[float], list[float]]:
+    """Seconds of pairs runs each of first and second, taken in turns after a warm-up of
+    each, so the slow spells of a shared host fall on both alike; each must block until done."""
+    first(), second()
+    times = ([], [])
+    for _ in range(pairs):
+        for fn, record in zip((first, second), times):
+            start = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - start)
+    return times
 
 
 def time_convolution(conv: dict, repeats: int = 5) -> float:

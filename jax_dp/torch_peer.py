@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -89,20 +90,26 @@ def kind(aten_op: str) -> str:
     return "conv backward" if "backward" in aten_op else "conv forward"
 
 
+def step_on_zeros(model_name: str, batch_size: int) -> Callable[[], None]:
+    """step(): one SGD step on batch_size zero images (channels-last), as jax_dp's profile."""
+    step = sgd_step(model_name)
+    x = torch.zeros(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
+    y = torch.zeros(batch_size, dtype=torch.long)
+    return lambda: step(x, y)
+
+
 def step_profile(model_name: str, batch_size: int, steps: int = 5) -> dict:
     """Profile steps SGD steps on batch_size zero images (channels-last, after a warm-up):
     {"step_ms", "ops": [{"op", "kind", "ms"}, ...], "by_kind"}, ms being each op's self CPU
     time per step (a step's ops run one after another, each on all threads)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = sgd_step(model_name)
-    x = torch.zeros(batch_size, 1, 28, 28).to(memory_format=torch.channels_last)
-    y = torch.zeros(batch_size, dtype=torch.long)
-    step(x, y)
+    step = step_on_zeros(model_name, batch_size)
+    step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         for _ in range(steps):
-            step(x, y)
+            step()
         step_ms = (time.perf_counter() - start) / steps * 1e3
     rows = [{"op": e.key, "kind": kind(e.key), "ms": e.self_cpu_time_total / 1e3 / steps}
             for e in prof.key_averages() if e.self_cpu_time_total > 0]

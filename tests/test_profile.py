@@ -9,6 +9,7 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_dp import benchmark, models, profile, xla_options
@@ -49,7 +50,7 @@ def test_resnets_strided_convolutions_are_rebuilt_with_their_windows():
 def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     out = tmp_path / "profile.json"
     proc = subprocess.run([sys.executable, "-m", "experiments.profile", "--batch-size", "8",
-                           "--repeats", "1", "--peer", "torch", "--json", str(out)],
+                           "--repeats", "1", "--peer", "torch", "--pairs", "3", "--json", str(out)],
                           capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
@@ -68,6 +69,11 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     assert sum(ours["in_step"].values()) == pytest.approx(ours["step_ms"])
     if ours["convs"]:  # The activations each dW transposes.
         assert ours["in_step"]["transpose_copy_fusion"] > 0
+    # The two steps in turns: three pairs, their ratios' median reported and printed.
+    turns = result["alternated"]
+    assert len(turns["jax_s"]) == len(turns["torch_s"]) == 3 and min(turns["torch_s"]) > 0
+    assert turns["ratio_median"] == pytest.approx(np.median(np.divide(turns["jax_s"], turns["torch_s"])))
+    assert f"ratio {turns['ratio_median']:.2f}x" in proc.stdout
 
 
 def test_the_profile_cli_refuses_a_batch_of_zero():
@@ -75,6 +81,23 @@ def test_the_profile_cli_refuses_a_batch_of_zero():
                           capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "python -m experiments.profile: error: --batch-size and --repeats must be at least 1"]
+
+
+@pytest.mark.parametrize("flags,error", [
+    (["--pairs", "2"], "--pairs alternates jax_dp's step with PyTorch's: add --peer torch"),
+    (["--pairs", "-1", "--peer", "torch"], "--pairs must be 0 (no alternation) or more")])
+def test_the_profile_cli_refuses_pairs_it_cannot_time(flags, error):
+    proc = subprocess.run([sys.executable, "-m", "experiments.profile", *flags],
+                          capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"python -m experiments.profile: error: {error}"]
+
+
+def test_alternate_takes_the_two_in_turns_after_a_warm_up_of_each():
+    calls = []
+    first, second = profile.alternate(lambda: calls.append("a"), lambda: calls.append("b"), 3)
+    assert calls == ["a", "b"] * 4 and len(first) == len(second) == 3
+    assert all(t >= 0 for t in first + second)
 
 
 def test_overlapping_events_are_counted_once():
