@@ -34,13 +34,14 @@ def main(args) -> None:
 
         peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
     print(table(args.model, args.batch_size, ours, peer))
-    alternated = args.pairs and alternated_steps(args.model, options, args.batch_size, args.pairs)
+    alternated = alternated_steps(args.model, options, args.batch_size, args.pairs) \
+        if args.pairs else None
     if alternated:
         print(f"\nthe two steps in turns, {args.pairs} pairs: jax_dp "
               f"{alternated['jax_s_median']:.3f} s, PyTorch {alternated['torch_s_median']:.3f} s, "
               f"ratio {alternated['ratio_median']:.2f}x (median of the pairs' ratios)")
     common.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
-                                  "jax": ours, "torch": peer, "alternated": alternated or None})
+                                  "jax": ours, "torch": peer, "alternated": alternated})
 
 
 def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> dict:

@@ -33,9 +33,7 @@ def _statistics(x, mask, axis_name):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _normalize(x, mask, scale, bias, axis_name, epsilon):
-    _, mean, var, _ = _statistics(x, mask, axis_name)
-    var = jnp.maximum(var, 0.0)
-    return (x - mean) * lax.rsqrt(var + epsilon) * scale + bias, mean, var
+    return _normalize_fwd(x, mask, scale, bias, axis_name, epsilon)[0]
 
 
 def _normalize_fwd(x, mask, scale, bias, axis_name, epsilon):
