@@ -178,6 +178,8 @@ def train_runs(args) -> None:
     train_data, test_data = load_data(args)
     runs = []
     log = print if primary else (lambda line: None)
+    # Rewritten after every epoch, so a run stopped or killed keeps the epochs it finished.
+    write = (lambda run: write_outputs(args, [*runs, run])) if primary else (lambda run: None)
     for config in runs_configs:
         ckpt = args.checkpoint_dir and \
             f"{args.checkpoint_dir}/{config.devices}dev-bs{config.batch_size}-lr{config.lr}"
@@ -186,19 +188,24 @@ def train_runs(args) -> None:
                           step_timeout=args.step_timeout, progress=args.progress and primary,
                           steps_per_call=loop.default_steps_per_call() if args.steps_per_call
                           is None else args.steps_per_call,
-                          log=log)
+                          log=log, on_epoch=write)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
             f"on {config.devices} device(s)")
         runs.append(run)
-    if primary:
-        payload = {"model": args.model, "runs": runs}
-        write_json(args.json, payload)
-        if args.plot:
-            from jax_dp import plots
+    if primary:  # Again at the end: a resumed run may have had no epoch left to run.
+        write_outputs(args, runs)
 
-            plots.plot_history(payload, args.plot)
+
+def write_outputs(args, runs: list[dict]) -> None:
+    """Write --json and --plot for runs, each file whole or not at all."""
+    payload = {"model": args.model, "runs": runs}
+    write_json(args.json, payload)
+    if args.plot:
+        from jax_dp import plots
+
+        plots.plot_history(payload, args.plot)
 
 
 def use_xla_options(model: str, show: bool = True) -> None:
@@ -228,9 +235,11 @@ def check_writable(path: Path | None) -> None:
 
 
 def write_json(path: Path | None, payload: dict) -> None:
-    """Write payload as indented JSON when a path was given."""
+    """Write payload as indented JSON when a path was given, replacing the file in one step."""
     if path is not None:
-        path.write_text(json.dumps(payload, indent=2) + "\n")
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(payload, indent=2) + "\n")
+        part.replace(path)
 
 
 def with_tcmalloc() -> None:

@@ -96,8 +96,10 @@ def _throughput(plt, ax, groups: dict[str, list[dict]], baselines: dict[str, flo
 
 def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    part = Path(path).with_name(Path(path).name + ".part")  # Replaced in one step: never half a file.
+    fig.savefig(part, dpi=120, format=Path(path).suffix[1:] or "png")
     plt.close(fig)
+    part.replace(path)
 
 
 def plot_scaling(result: dict, path: Path) -> None:

@@ -177,7 +177,8 @@ def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
 def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split, *,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           step_timeout: float | None = None, progress: bool = False, steps_per_call: int = 1,
-          log: Callable[[str], None] = print) -> dict:
+          log: Callable[[str], None] = print,
+          on_epoch: Callable[[dict], None] = lambda summary: None) -> dict:
     """Train config's model with SGD on config.devices devices, printing the book's lines.
 
     Args:
@@ -196,6 +197,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         signals and the progress bar then act between calls: a save falls at the end of the
         first call at or past each multiple of checkpoint_every.
       log: where the config, compile time and per-epoch lines go.
+      on_epoch: called after each epoch's evaluation with the run's summary so far (the
+        return value without "state"), before that epoch's checkpoint and any stop.
 
     Returns:
       {"config": the config as a dict, "steps_per_call", "compile_s", "epochs": [{"epoch", "time_s",
@@ -223,6 +226,11 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                             train_data.images.shape[1:], split,
                             _call_lengths(per_epoch, steps_per_call, record.step))
     compile_s = time.perf_counter() - start_time
+
+    def summary() -> dict:  # Reads record when called: the history so far.
+        return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
+                "compile_s": compile_s, "epochs": list(record.history)}
+
     log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
     in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
@@ -252,13 +260,12 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                  "train_acc": sums["correct"] / sums["count"]},
                 epoch_order(config, record.key, record.epoch + 1))
             metrics = dp.replicate(zero_metrics())
+            on_epoch(summary())
             _between_steps(dp, ckpt, state, metrics, record, stop, due=True,
                            finished=record.epoch == config.epochs)
     if ckpt:
         ckpt.close()
-    return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
-            "compile_s": compile_s, "epochs": list(record.history),
-            "state": dp.unreplicate(state)}
+    return {**summary(), "state": dp.unreplicate(state)}
 
 
 def _epoch(config: TrainConfig, train_data: data_lib.Split, record: Record, steps_per_call: int):

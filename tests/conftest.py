@@ -7,9 +7,10 @@ import tempfile
 
 # Many tests compile the same small steps: JAX's persistent compilation cache, new for each
 # session and shared with the experiments the tests start, compiles each program once.
-_cache = tempfile.mkdtemp(prefix="jax-dp-test-cache-")
-atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
+# xdist's workers inherit the directory from the process that made it, which removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-dp-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

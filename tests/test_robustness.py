@@ -1,6 +1,7 @@
 """Nothing lost, nothing silent: uneven batches, non-finite steps, checkpoints, signals, hangs."""
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -131,8 +132,13 @@ CLI = ["--devices", "2", "--epochs", "2", "--train-examples", "2000", "--test-ex
 
 def start(tmp_dir, *extra):
     return subprocess.Popen([sys.executable, "-m", "experiments.lenet", *CLI, "--checkpoint-dir",
-                             str(tmp_dir), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             str(tmp_dir), "--json", str(tmp_dir / "runs.json"), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def epochs_in_json(tmp_dir):
+    """The epochs the run's --json holds: it is rewritten after every epoch."""
+    return json.loads((tmp_dir / "runs.json").read_text())["runs"][0]["epochs"]
 
 
 def wait_for_checkpoint(directory, at_least, proc):
@@ -155,13 +161,13 @@ def uninterrupted(tmp_path_factory):
     proc = start(directory)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
-    return final_params(next(Path(directory).glob("*dev-*")))
+    return (*final_params(next(Path(directory).glob("*dev-*"))), epochs_in_json(directory))
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, uninterrupted, how):
     proc = start(tmp_path)
-    wait_for_checkpoint(tmp_path, 20, proc)
+    wait_for_checkpoint(tmp_path, 80, proc)  # In epoch 2 (63 steps an epoch).
     proc.send_signal(how)
     out, err = proc.communicate(timeout=120)
     if how == signal.SIGKILL:
@@ -169,6 +175,8 @@ def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, un
     else:  # Stopped cleanly: one line, a checkpoint at that step, exit code 128 + signal.
         assert proc.returncode == 128 + how, err
         assert err.count("\n") == 1 and "checkpoint saved in" in err and "--resume" in err
+    first = epochs_in_json(tmp_path)
+    assert [e["epoch"] for e in first] == [1]  # The finished epoch outlives the process.
     resumed = start(tmp_path, "--resume")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
@@ -177,6 +185,11 @@ def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, un
     assert step == uninterrupted[0]
     for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(uninterrupted[1])):
         np.testing.assert_array_equal(a, b)
+    both = epochs_in_json(tmp_path)
+    assert both[0] == first[0]  # Carried through the checkpoint, its time included.
+    untimed = [[{k: v for k, v in e.items() if k != "time_s"} for e in run]
+               for run in (both, uninterrupted[2])]
+    assert untimed[0] == untimed[1]
 
 
 # 64 examples in batches of 16 on 2 devices: 4 steps an epoch, 8 in the run.
@@ -222,20 +235,24 @@ def test_a_run_stopped_at_any_step_resumes_to_bitwise_the_same_params(tmp_path, 
         saved.append(record.global_step), real_save(self, state, metrics, record))[1])
     signal_at(monkeypatch, stop_at)
     options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=every, log=quiet)
+    summaries = []
     if stop_at < 8:
         with pytest.raises(train.Interrupted, match=f"checkpoint saved in {tmp_path}"):
-            train.train(RUN, SPLIT, SPLIT, **options)
+            train.train(RUN, SPLIT, SPLIT, **options, on_epoch=summaries.append)
     else:  # A signal on the run's last step comes too late to stop it.
-        train.train(RUN, SPLIT, SPLIT, **options)
+        train.train(RUN, SPLIT, SPLIT, **options, on_epoch=summaries.append)
+    # Each finished epoch is reported, the one a stop ends included.
+    assert [[e["epoch"] for e in s["epochs"]] for s in summaries] == [[1], [1, 2]][:stop_at // 4]
     due = [s for s in range(1, stop_at + 1) if (every and s % every == 0) or s % 4 == 0]
     assert saved == sorted(set(due + [stop_at]))  # Each global step saved once at most.
     step, _, meta = checkpoint.latest(tmp_path)
     assert step == stop_at and (meta["epoch"], meta["step"]) == divmod(stop_at, 4)
     assert len(meta["history"]) == stop_at // 4  # At an epoch's end, its evaluation is saved.
     monkeypatch.undo()
-    resumed = train.train(RUN, SPLIT, SPLIT, resume=True, **options)
+    resumed = train.train(RUN, SPLIT, SPLIT, resume=True, **options, on_epoch=summaries.append)
     assert_bitwise_equal(resumed["state"], straight)
     assert [e["epoch"] for e in resumed["epochs"]] == [1, 2]
+    assert summaries[-1]["epochs"] == resumed["epochs"]
 
 
 def test_a_finished_run_resumed_with_more_epochs_equals_the_longer_run(tmp_path, straight):
