@@ -56,12 +56,17 @@ def summed_loss(params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(models.lenet(params, x), y).sum()
 
 
+# Jitted: run op by op, each new batch size costs seconds of small compilations.
+whole_grad = jax.jit(jax.grad(summed_loss))
+
+
 @functools.lru_cache(maxsize=None)
 def sharded_grad(k):
     grad = lambda p, x, y: parallel.allreduce(jax.grad(summed_loss)(p, x, y))
     return jax.pmap(grad, axis_name=parallel.AXIS, in_axes=(None, 0, 0), devices=get_devices(k))
 
 
+@jax.jit
 def per_example_abs_grad_sum(params, x, y):
     """Sum over examples of |per-example gradient|: the scale of a batch gradient's round-off."""
     grads = jax.vmap(jax.grad(summed_loss), (None, 0, 0))(params, x[:, None], y[:, None])
@@ -73,7 +78,7 @@ def per_example_abs_grad_sum(params, x, y):
 def test_gradient_from_k_shards_equals_the_whole_batch_gradient(k, per_device, seed):
     b = batch_of(k * per_device, seed)
     params = LENET.init(jax.random.key(seed))[0]
-    whole = jax.grad(summed_loss)(params, b["image"], b["label"])
+    whole = whole_grad(params, b["image"], b["label"])
     shards = parallel.split_and_load({"x": b["image"], "y": b["label"]}, get_devices(k))
     split = parallel.unreplicate(sharded_grad(k)(params, shards["x"], shards["y"]))
     scale = per_example_abs_grad_sum(params, b["image"], b["label"])
