@@ -51,7 +51,8 @@ class InFlight:
 
 
 class _Watchdog:
-    """A daemon thread that ends the process when one wait lasts longer than timeout_s."""
+    """A daemon thread that ends the process when one wait lasts longer than timeout_s
+    (time the process spent suspended not counted)."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s, self.since, self.info = timeout_s, None, None
@@ -70,10 +71,18 @@ class _Watchdog:
                 self.since = None
 
     def _watch(self):
+        tick = min(1.0, self.timeout_s / 4)
+        last = time.monotonic()
         while True:
-            time.sleep(min(1.0, self.timeout_s / 4))
+            time.sleep(tick)
+            now = time.monotonic()
+            # A tick far longer than asked: the process was suspended (Ctrl-Z, SIGSTOP), and
+            # that time is not the step's.
+            suspended, last = max(0.0, now - last - 2 * tick), now
             with self.lock:
-                if self.since is not None and time.monotonic() - self.since > self.timeout_s:
+                if self.since is not None:
+                    self.since = min(self.since + suspended, now)
+                if self.since is not None and now - self.since > self.timeout_s:
                     sys.stderr.write(
                         f"error: {self.info or 'a step'} did not finish within {self.timeout_s:.0f} s; "
                         "a collective is probably wedged: rerun (with --resume if you "

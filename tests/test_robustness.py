@@ -302,3 +302,30 @@ def test_a_wedged_step_ends_the_run_with_one_line_and_exit_code_3(tmp_path):
     assert proc.returncode == dispatch.WEDGED_EXIT_CODE
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("error: step 1 of epoch 1 did not finish within 1 s")
+
+
+def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_path):
+    """Ctrl-Z (SIGSTOP) for 6 s in a step with a 3 s timeout, then SIGCONT: the run goes on."""
+    script = tmp_path / "suspended.py"
+    script.write_text(
+        "import sys, time, jax\n"
+        "from jax_dp import dispatch\n"
+        "def step(tree):  # 0.5 s of CPU time: still unfinished when the process continues.\n"
+        "    start = time.process_time()\n"
+        "    print('in step', flush=True)\n"
+        "    while time.process_time() - start < 0.5:\n"
+        "        pass\n"
+        "dispatch.jax.block_until_ready = step\n"
+        "queue = dispatch.InFlight(timeout_s=3)\n"
+        "queue.add(jax.numpy.ones(3), 'step 1 of epoch 1')\n"
+        "queue.drain()\n"
+        "print('finished', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "in step\n"
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(6)
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "finished\n"
