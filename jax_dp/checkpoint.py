@@ -19,14 +19,15 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs every save at IN
 
 class Record(NamedTuple):
     """Where a run is between two steps: `step` steps done of epoch `epoch` (0-based),
-    `global_step` in all; the epoch's data `order`, the run's PRNG `key`, and the
-    finished epochs' results in `history`."""
+    `global_step` in all; the epoch's data `order`, the run's PRNG `key`, the finished
+    epochs' results in `history`, and the seconds this epoch's steps took so far."""
     epoch: int
     step: int
     global_step: int
     order: np.ndarray
     key: jax.Array
     history: tuple = ()
+    epoch_s: float = 0.0
 
     def stepped(self, steps: int = 1) -> Record:
         """The record `steps` steps later."""
@@ -35,7 +36,7 @@ class Record(NamedTuple):
     def next_epoch(self, result: dict, order: np.ndarray) -> Record:
         """The record at the start of the next epoch, this one's result kept."""
         return self._replace(epoch=self.epoch + 1, step=0, order=order,
-                             history=self.history + (result,))
+                             history=self.history + (result,), epoch_s=0.0)
 
 
 class Checkpointer:
@@ -54,7 +55,7 @@ class Checkpointer:
         """Write state (a TrainState), the epoch's running metrics and record."""
         arrays = _on_host(self.backend, state, metrics, record)
         meta = {"config": dataclasses.asdict(self.config), "epoch": record.epoch,
-                "step": record.step, "history": list(record.history)}
+                "step": record.step, "history": list(record.history), "epoch_s": record.epoch_s}
         self.manager.save(record.global_step, args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
 
@@ -79,7 +80,8 @@ class Checkpointer:
                                model_state=b.from_host(host["model_state"]),
                                opt_state=b.replicate(host["opt_state"]))
         record = Record(meta["epoch"], meta["step"], step, arrays["order"],
-                        jax.random.wrap_key_data(arrays["key"]), tuple(meta["history"]))
+                        jax.random.wrap_key_data(arrays["key"]), tuple(meta["history"]),
+                        meta.get("epoch_s", 0.0))  # Checkpoints before epoch_s: 0.
         return state, b.replicate(arrays["metrics"]), record
 
     def close(self) -> None:

@@ -236,7 +236,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
     with dispatch.stop_requests() as stop:
         while record.epoch < config.epochs:
-            epoch_start = time.perf_counter()
+            epoch_start = time.perf_counter() - record.epoch_s  # A resumed epoch's earlier steps.
             with _bar(progress, record, per_epoch) as bar:
                 for n, batch in _epoch(config, train_data, record, steps_per_call):
                     state, metrics = (
@@ -248,7 +248,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                     if record.step < per_epoch:  # An epoch's last step is saved at its end.
                         _between_steps(dp, ckpt, state, metrics, record, stop, due=bool(
                             checkpoint_every and record.global_step // checkpoint_every
-                            > before // checkpoint_every))
+                            > before // checkpoint_every), epoch_start=epoch_start)
                 in_flight.drain()
             time_s = time.perf_counter() - epoch_start
             sums = _check_finite(dp, metrics, record)
@@ -309,12 +309,16 @@ def _bar(progress: bool, record: Record, total: int) -> tqdm.tqdm:
 
 
 def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics, record: Record,
-                   stop, *, due: bool, finished: bool = False) -> None:
-    """The periodic actions: save when due or asked to stop, then stop if asked (unless finished)."""
+                   stop, *, due: bool, finished: bool = False,
+                   epoch_start: float | None = None) -> None:
+    """The periodic actions: save when due or asked to stop, then stop if asked (unless finished).
+    Mid-epoch (epoch_start given), the save keeps the seconds the epoch's steps took so far."""
     stopping = stop.signum is not None and not finished
     if not (due or stopping):
         return
     _check_finite(backend, metrics, record)  # Never save, nor stop quietly, past a bad step.
+    if epoch_start is not None:  # After _check_finite waited for the steps.
+        record = record._replace(epoch_s=time.perf_counter() - epoch_start)
     if ckpt:
         ckpt.save(state, metrics, record)
     if stopping:

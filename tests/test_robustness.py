@@ -329,3 +329,23 @@ def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_pat
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out == "finished\n"
+
+
+def test_a_resumed_epoch_counts_the_seconds_its_steps_took_before_the_stop(tmp_path, monkeypatch):
+    signal_at(monkeypatch, 2)  # Stops after epoch 1's step 2 of 4.
+    fast = train.data_lib.batches
+
+    def slow(*args, order=None, **kwargs):
+        for batch in fast(*args, order=order, **kwargs):
+            if order is not None:  # Training's batches: 0.5 s each before the stop.
+                time.sleep(0.5)
+            yield batch
+
+    monkeypatch.setattr(train.data_lib, "batches", slow)
+    with pytest.raises(train.Interrupted):
+        train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path), log=quiet)
+    monkeypatch.undo()
+    assert checkpoint.latest(tmp_path)[2]["epoch_s"] >= 1.0
+    times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path),
+                                              resume=True, log=quiet)["epochs"]]
+    assert times[0] >= 1.0 > times[1]  # Epoch 1's two slow steps count; epoch 2 has none.
