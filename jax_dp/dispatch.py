@@ -80,9 +80,10 @@ class _Watchdog:
             # that time is not the step's.
             suspended, last = max(0.0, now - last - 2 * tick), now
             with self.lock:
-                if self.since is not None:
-                    self.since = min(self.since + suspended, now)
-                if self.since is not None and now - self.since > self.timeout_s:
+                if self.since is None:
+                    continue
+                self.since = min(self.since + suspended, now)
+                if now - self.since > self.timeout_s:
                     sys.stderr.write(
                         f"error: {self.info or 'a step'} did not finish within {self.timeout_s:.0f} s; "
                         "a collective is probably wedged: rerun (with --resume if you "

@@ -308,7 +308,7 @@ def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_pat
     """Ctrl-Z (SIGSTOP) for 6 s in a step with a 3 s timeout, then SIGCONT: the run goes on."""
     script = tmp_path / "suspended.py"
     script.write_text(
-        "import sys, time, jax\n"
+        "import time, jax\n"
         "from jax_dp import dispatch\n"
         "def step(tree):  # 0.5 s of CPU time: still unfinished when the process continues.\n"
         "    start = time.process_time()\n"
