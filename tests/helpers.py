@@ -25,7 +25,8 @@ def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_optio
     b = steps.backend
     # On the host, so each backend places (and may donate) its own copy.
     init = jax.device_get(parity.cast(train.init_state(model, tx, jax.random.key(0)), dtype))
-    state, metrics = b.replicate(init), b.replicate(train.zero_metrics())
+    # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
+    state, metrics = b.replicate(init), b.replicate(parity.cast(train.zero_metrics(), dtype))
     for batch in batches:
         state, metrics = steps.train_batch(state, metrics, b.shard(batch))
     return state, b.unreplicate(state), b.unreplicate(metrics)
