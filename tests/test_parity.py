@@ -63,9 +63,9 @@ def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train)
     assert max(result["runs"][1]["per_step_max_rel_diff"]) <= 1e-6
 
 
-def test_without_kinks_one_resnet_step_agrees_to_round_off_on_every_k(fashion_train):
+def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fashion_train):
     batch = next(data.batches(data.Split(fashion_train.images[:16], fashion_train.labels[:16]), 16))
     result = parity.compare(models.get_model("resnet18", activation="softplus"), [batch],
-                            [parity.Config("pmap", k) for k in (1, 2, 4, 8)], lr=0.1)
+                            [parity.Config("pmap", k) for k in (2, 8)], lr=0.1)
     # Params and BatchNorm statistics; sums over 16 x 28 x 28 values in k parts.
-    assert [r["max_rel_diff"] <= 1e-6 for r in result["runs"][1:]] == [True] * 4
+    assert [r["max_rel_diff"] <= 1e-6 for r in result["runs"][1:]] == [True] * 2

@@ -48,12 +48,13 @@ def test_uneven_batches_on_k_devices_equal_one_device_on_exactly_those_examples(
         assert parity.max_rel_diff(a, b) <= 1e-6
 
 
-@pytest.mark.parametrize("n", [K - 1, K + 1, 3 * K + 1])
+# K + 1 rows leave the last device none and the one before it half; 3K + 1 leave it one.
+@pytest.mark.parametrize("n", [K + 1, 3 * K + 1])
 def test_batchnorm_statistics_ignore_padded_rows(n):
     resnet = models.get_model("resnet18")
     padded, exact = padded_and_exact(n, K, size=8)
     padded["image"][n:] = 1e3  # Garbage in the padding must not reach the statistics.
-    # In float64: with 3 examples, stage 4's BatchNorm (1x1 pixels) normalises 3 values,
+    # In float64: with 5 examples, stage 4's BatchNorm (1x1 pixels) normalises 5 values,
     # which magnifies float32 round-off past any useful bound; float64's leaves ~1e-12.
     with jax.enable_x64(True):
         _, got, _ = run_steps(resnet, "pmap", K, [parity.cast(padded, jnp.float64)], lr=0.1,

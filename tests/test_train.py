@@ -38,7 +38,7 @@ def test_the_step_averages_over_the_global_batch():
     def loss(p, x, y):
         return optax.softmax_cross_entropy_with_integer_labels(models.lenet(p, x[None]), y[None])[0]
 
-    grads = jax.vmap(jax.grad(loss), (None, 0, 0))(params, batch["image"], batch["label"])
+    grads = jax.jit(jax.vmap(jax.grad(loss), (None, 0, 0)))(params, batch["image"], batch["label"])
     expected = jax.tree.map(lambda p, g: p - 0.5 * g.mean(0), params, grads)
     _, got, _ = run_steps(LENET, "pmap", 4, [batch], lr=0.5)
     chex.assert_trees_all_close(got.params, expected, rtol=1e-5, atol=1e-8)
