@@ -41,14 +41,15 @@ def source_copy(tmp_path):
     return src, tmp_path / "tfds"
 
 
-def test_a_flipped_byte_is_refused(source_copy):
+def test_a_flipped_byte_is_refused_before_preparing_starts(source_copy, capsys):
     src, tfds_dir = source_copy
-    path = src / "t10k-labels-idx1-ubyte.gz"
+    path = src / "t10k-labels-idx1-ubyte.gz"  # Read last while preparing: after the train split.
     raw = bytearray(gzip.decompress(path.read_bytes()))
     raw[100] ^= 1
     path.write_bytes(gzip.compress(bytes(raw)))
     with pytest.raises(ValueError, match=r"t10k-labels-idx1-ubyte.gz is corrupted .*apt-get install"):
         data.load_fashion_mnist("test", data_dir=tfds_dir, source_dir=src)
+    assert "preparing Fashion-MNIST" not in capsys.readouterr().err
     assert not (tfds_dir / "fashion_mnist_idx" / "1.0.0").exists()  # Nothing half-prepared.
 
 
