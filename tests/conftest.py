@@ -33,6 +33,12 @@ def fashion_train() -> data.Split:
 
 
 @pytest.fixture(scope="session")
+def fashion_train_6k() -> data.Split:
+    """The first 6,000 training examples: decoding all 60,000 takes seconds per worker."""
+    return data.load_fashion_mnist("train", limit=6000)
+
+
+@pytest.fixture(scope="session")
 def fashion_test() -> data.Split:
     """The real test split."""
     return data.load_fashion_mnist("test")

@@ -56,10 +56,10 @@ def test_every_backend_keeps_batchnorm_statistics_global(resnet_reference, backe
     assert parity.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9
 
 
-def test_training_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_train, fashion_test):
+def test_training_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_train_6k, fashion_test):
     """Catches a loop that does not learn (chance is 0.1; three epochs of 6,000 images reach
     about 0.65) or that misreports accuracy (it must be a numpy forward pass's)."""
-    train_split = data.Split(fashion_train.images[:6000], fashion_train.labels[:6000])
+    train_split = fashion_train_6k
     test_split = data.Split(fashion_test.images[:2000], fashion_test.labels[:2000])
     config = TrainConfig(devices=2, batch_size=32, lr=0.3, epochs=3, train_examples=6000,
                          test_examples=2000)

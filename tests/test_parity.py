@@ -55,16 +55,17 @@ def test_softplus_replaces_every_relu():
 # for another, so k devices stay within re-association round-off of one device. With ReLU the
 # same runs measure up to 3.5e-6 (LeNet, k=8, step 18) and 7.6e-4 (ResNet-18, k=8) here: one
 # ReLU input within 1e-10 of zero lands on the other side (README, "k devices against one").
-def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train):
-    batches = list(data.batches(data.Split(fashion_train.images[:20 * 256],
-                                           fashion_train.labels[:20 * 256]), 256))
+def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train_6k):
+    batches = list(data.batches(data.Split(fashion_train_6k.images[:20 * 256],
+                                           fashion_train_6k.labels[:20 * 256]), 256))
     result = parity.compare(models.get_model("lenet", activation="softplus"), batches,
                             [parity.Config("pmap", 8)], lr=0.2)
     assert max(result["runs"][1]["per_step_max_rel_diff"]) <= 1e-6
 
 
-def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fashion_train):
-    batch = next(data.batches(data.Split(fashion_train.images[:16], fashion_train.labels[:16]), 16))
+def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fashion_train_6k):
+    head = data.Split(fashion_train_6k.images[:16], fashion_train_6k.labels[:16])
+    batch = next(data.batches(head, 16))
     result = parity.compare(models.get_model("resnet18", activation="softplus"), [batch],
                             [parity.Config("pmap", k) for k in (2, 8)], lr=0.1)
     # Params and BatchNorm statistics; sums over 16 x 28 x 28 values in k parts.
