@@ -26,7 +26,7 @@ def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_optio
     # On the host, so each backend places (and may donate) its own copy. Made without x64
     # even for float64, so float32 and float64 runs share the init's compiled random ops.
     with jax.enable_x64(False):
-        init = jax.device_get(train.init_state(model, tx, jax.random.key(0)))
+        init = train.init_state(model, tx, jax.random.key(0))
     init = jax.device_get(parity.cast(init, dtype))
     # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
     state, metrics = b.replicate(init), b.replicate(parity.cast(train.zero_metrics(), dtype))
