@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import jax
@@ -66,7 +65,8 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     assert f"| conv dW | {ours['by_kind']['conv dW']:.1f} |" in proc.stdout
     # Inside the step: the other ops by kind, then what they leave to the convolutions.
     assert not {c["op"] for c in ours["convs"]} & set(ours["in_step"])
-    assert sum(ours["in_step"].values()) == pytest.approx(ours["step_ms"])
+    assert sum(ours["in_step"].values()) == pytest.approx(ours["traced_ms"])
+    assert f"Inside the step ({ours['traced_ms']:.1f} ms under" in proc.stdout
     if ours["convs"]:  # The activations each dW transposes.
         assert ours["in_step"]["transpose_copy_fusion"] > 0
     # The two steps in turns: three pairs, their ratios' median reported and printed.
@@ -109,20 +109,17 @@ def test_overlapping_events_are_counted_once():
 
 def test_in_step_times_each_op_of_the_compiled_step():
     """A 1024^2 matrix product and a cheap elementwise op: found by their HLO names (whatever
-    fusion XLA puts them in), the product taking most of the step, all within the step."""
+    fusion XLA puts them in), the product taking most of the step, all within the wall time of
+    the same traced steps (an op's events counted twice, or per run not per step, overflow it)."""
     x = jnp.ones((1024, 1024))
     compiled = jax.jit(lambda a: jnp.tanh(a @ a) + 1).lower(x).compile()
-    ops = profile.in_step(compiled, (x,), repeats=3)
-    start = time.perf_counter()
-    for _ in range(3):
-        jax.block_until_ready(compiled(x))
-    step_ms = (time.perf_counter() - start) / 3 * 1e3
+    ops, step_ms = profile.in_step(compiled, (x,), repeats=3)
     names = set(profile._NAME.findall(compiled.as_text()))
     assert ops and set(ops) <= names
     # 2 GFLOP of product against a million tanh: the op that holds the product dominates.
     slowest = max(ops, key=ops.get)
     assert ops[slowest] > 0.8 * sum(ops.values()) and len(ops) >= 2
-    assert sum(ops.values()) < 1.5 * step_ms
+    assert sum(ops.values()) <= step_ms
 
 
 def test_ops_are_grouped_by_kind():
