@@ -4,9 +4,8 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import numpy as np
+import pytest
 
 from jax_dp import benchmark, models
 from jax_dp.devices import get_devices
@@ -22,12 +21,13 @@ def test_step_flops_match_the_models_arithmetic():
 
 
 class FakeClock:
-    """time.perf_counter that advances by `tick` seconds at every reading."""
+    """benchmark's time.perf_counter, advancing by `tick` seconds at every reading (JAX's
+    own clock readings, the compilation cache's lock among them, left alone)."""
 
     def __init__(self, tick):
         self.now, self.tick = 0.0, tick
 
-    def __call__(self):
+    def perf_counter(self):
         self.now += self.tick
         return self.now
 
@@ -35,7 +35,7 @@ class FakeClock:
 def test_matmul_ceiling_is_flops_over_the_median_time(monkeypatch):
     """Catches a wrong FLOP count or unit (2 n^3 multiply-adds, GFLOP/s): each product takes
     exactly one tick of a fake clock, so the rate is known."""
-    monkeypatch.setattr(benchmark.time, "perf_counter", FakeClock(0.5))
+    monkeypatch.setattr(benchmark, "time", FakeClock(0.5))
     assert benchmark.matmul_ceiling(n=64, repeats=3) == pytest.approx(2 * 64**3 / 0.5 / 1e9)
 
 
@@ -44,7 +44,7 @@ def test_time_steps_reports_seconds_per_step(monkeypatch):
     ticking 1 s per reading, a repeat of 4 steps spans 1 s, so 0.25 s per step."""
     batches = [{"image": np.zeros((4, 28, 28, 1), np.float32), "label": np.zeros(4, np.int32),
                 "mask": np.ones(4, np.float32)}] * 4
-    monkeypatch.setattr(benchmark.time, "perf_counter", FakeClock(1.0))
+    monkeypatch.setattr(benchmark, "time", FakeClock(1.0))
     result = benchmark.time_steps(models.get_model("lenet"), "pmap", get_devices(2), batches,
                                   repeats=3)
     assert result["step_s"] == [0.25] * 3 and result["compile_s"] == 1.0
@@ -65,7 +65,10 @@ def test_the_benchmark_times_each_path_and_device_count(tmp_path):
         ("jax im2col/ynn-default", 1, ""), ("jax im2col/ynn-default", 2, "")]
     for run in result["runs"]:
         assert len(run["step_s"]) == 2 and run["images_per_s"] > 0 and run["compile_s"] > 0
-        assert 0 < run["fraction_of_ceiling"] < 1
+        # The ceiling is timed apart from the steps, so a slow spell may fall on either: the
+        # fraction is checked as its formula, not as a bound.
+        assert run["fraction_of_ceiling"] == pytest.approx(
+            result["flops_per_step"] / np.median(run["step_s"]) / 1e9 / result["matmul_ceiling_gflops"])
     assert "| jax im2col/ynn-default | 2 |" in proc.stdout
 
 

@@ -59,7 +59,7 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
     (["--steps-per-call", "0"], "--steps-per-call must be at least 1, got 0"),
     (["--devices", "1,2", "--lr", "0.1,0.2,0.3"], "--lr has 3 values for 2 device counts"),
     (["--json", "/nonexistent/dir/runs.json"], "cannot write /nonexistent/dir/runs.json"),
-    (["--data-source", "/nonexistent", "--data-dir", "/tmp/jax-dp-empty-tfds"],
+    (["--data-source", "/nonexistent", "--data-dir", "{tmp}"],
      "is missing from /nonexistent"),
     (["--model", "lenet"], "unrecognized arguments: --model lenet"),
     (["--devices", "999"], "--devices 999 is more than the 256 CPU devices XLA can simulate"),
@@ -67,8 +67,9 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
     (["--backend", "jit", "--allreduce", "ring"],
      "--allreduce ring is written for the pmap backend; use --backend pmap"),
 ])
-def test_bad_flags_get_one_line_and_exit_code_2(flags, message):
+def test_bad_flags_get_one_line_and_exit_code_2(flags, message, tmp_path):
     env = {"JAX_DP_NO_TCMALLOC": "1"}
+    flags = [str(tmp_path) if flag == "{tmp}" else flag for flag in flags]
     if "--env" in flags:
         name, value = flags.pop(flags.index("--env") + 1).split("=")
         flags.remove("--env")

@@ -306,26 +306,28 @@ def test_a_wedged_step_ends_the_run_with_one_line_and_exit_code_3(tmp_path):
 
 
 def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_path):
-    """Ctrl-Z (SIGSTOP) for 6 s in a step with a 3 s timeout, then SIGCONT: the run goes on."""
+    """Ctrl-Z (SIGSTOP) for 12 s in a step with an 8 s timeout, then SIGCONT: the run goes on.
+    The step waits for the parent, then 2 s more, so the watchdog looks while it is unfinished."""
     script = tmp_path / "suspended.py"
     script.write_text(
-        "import time, jax\n"
+        "import sys, time, jax\n"
         "from jax_dp import dispatch\n"
-        "def step(tree):  # 0.5 s of CPU time: still unfinished when the process continues.\n"
-        "    start = time.process_time()\n"
+        "def step(tree):\n"
         "    print('in step', flush=True)\n"
-        "    while time.process_time() - start < 0.5:\n"
-        "        pass\n"
+        "    sys.stdin.readline()\n"
+        "    time.sleep(2)\n"
         "dispatch.jax.block_until_ready = step\n"
-        "queue = dispatch.InFlight(timeout_s=3)\n"
+        "queue = dispatch.InFlight(timeout_s=8)\n"
         "queue.add(jax.numpy.ones(3), 'step 1 of epoch 1')\n"
         "queue.drain()\n"
         "print('finished', flush=True)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "in step\n"
     proc.send_signal(signal.SIGSTOP)
-    time.sleep(6)
+    time.sleep(12)
+    proc.stdin.write("go\n")  # Read only once the process continues.
+    proc.stdin.flush()
     proc.send_signal(signal.SIGCONT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -338,15 +340,15 @@ def test_a_resumed_epoch_counts_the_seconds_its_steps_took_before_the_stop(tmp_p
 
     def slow(*args, order=None, **kwargs):
         for batch in fast(*args, order=order, **kwargs):
-            if order is not None:  # Training's batches: 0.5 s each before the stop.
-                time.sleep(0.5)
+            if order is not None:  # Training's batches: 1 s each before the stop.
+                time.sleep(1.0)
             yield batch
 
     monkeypatch.setattr(train.data_lib, "batches", slow)
     with pytest.raises(train.Interrupted):
         train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path), log=quiet)
     monkeypatch.undo()
-    assert checkpoint.latest(tmp_path)[2]["epoch_s"] >= 1.0
+    assert checkpoint.latest(tmp_path)[2]["epoch_s"] >= 2.0
     times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path),
                                               resume=True, log=quiet)["epochs"]]
-    assert times[0] >= 1.0 > times[1]  # Epoch 1's two slow steps count; epoch 2 has none.
+    assert times[0] >= 2.0 > times[1]  # Epoch 1's two slow steps count; epoch 2 has none.

@@ -14,7 +14,7 @@ QUICK = ["--model", "lenet", "--devices", "1,2", "--processes", "2", "--batch-si
 
 def scaling_cli(*flags):
     return subprocess.run([sys.executable, "-m", "experiments.scaling", *flags],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
