@@ -13,9 +13,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# Any size limit turns on the cache's file lock: without it, a worker may read an entry another
-# is still writing, and JAX warns on stderr, which tests of one-line errors read.
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(1 << 40))
 
 from jax_dp import devices  # noqa: E402  (after the cache settings: JAX reads them on import)
 
