@@ -112,10 +112,10 @@ def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
     inside = collections.Counter()
     for op, ms in ops.items():
         inside[group(op)] += ms
+    by_op_kind = {**dict(inside.most_common()), "convolutions and gaps": traced_ms - sum(ops.values())}
     return {"step_ms": step_ms, "convs": sorted(convs, key=lambda c: -c["ms"]),
             "by_kind": {**sums, "rest": step_ms - sum(sums.values())},
-            "traced_ms": traced_ms, "in_step": {**dict(inside.most_common()),
-                                                "convolutions and gaps": traced_ms - sum(ops.values())}}
+            "traced_ms": traced_ms, "in_step": by_op_kind}
 
 
 def _covered_ns(intervals: list[tuple[int, int]]) -> int:

@@ -21,8 +21,8 @@ def test_step_flops_match_the_models_arithmetic():
 
 
 class FakeClock:
-    """benchmark's time.perf_counter, advancing by `tick` seconds at every reading (JAX's
-    own clock readings, the compilation cache's lock among them, left alone)."""
+    """benchmark's time.perf_counter, advancing by `tick` seconds at every reading (the
+    clock that JAX and other libraries read is left alone)."""
 
     def __init__(self, tick):
         self.now, self.tick = 0.0, tick
