@@ -160,7 +160,7 @@ def load_data(args):
 
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
-    from jax_dp import devices, distributed, loop, models, train  # JAX's backend starts later.
+    from jax_dp import devices, distributed, models, modes, train  # JAX's backend starts later.
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
@@ -168,7 +168,7 @@ def train_runs(args) -> None:
     check_writable(args.plot if primary else None)
     runs_configs = configs(args)
     if args.steps_per_call is not None:
-        loop.check_steps_per_call(args.steps_per_call)
+        modes.check_steps_per_call(args.steps_per_call)
     use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].model_options())
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
@@ -186,7 +186,7 @@ def train_runs(args) -> None:
         run = train.train(config, train_data, test_data, checkpoint_dir=ckpt,
                           checkpoint_every=args.checkpoint_every, resume=args.resume,
                           step_timeout=args.step_timeout, progress=args.progress and primary,
-                          steps_per_call=loop.default_steps_per_call() if args.steps_per_call
+                          steps_per_call=modes.default_steps_per_call() if args.steps_per_call
                           is None else args.steps_per_call,
                           log=log, on_epoch=write)
         run.pop("state")

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import optax
 
-from jax_dp import data, dispatch, loop, train
+from jax_dp import data, dispatch, modes, step as step_lib
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import make_backend
 from jax_dp.models import Model
@@ -34,21 +34,21 @@ def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple
     """One single-device SGD step compiled for batch_size zero images, and its arguments:
     (compiled step, state, metrics, batch)."""
     tx = optax.sgd(0.1)
-    state = train.init_state(model, tx, jax.random.key(0))
+    state = step_lib.init_state(model, tx, jax.random.key(0))
     batch = jax.device_put(data.zero_batch(batch_size, image_shape))
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-    return step.lower(state, train.zero_metrics(), batch).compile(), state, train.zero_metrics(), batch
+    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
+    return step.lower(state, step_lib.zero_metrics(), batch).compile(), state, step_lib.zero_metrics(), batch
 
 
 def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
     """FLOPs of one single-device training step on batch_size images, as XLA counts them in the
     step JAX lowers (no compile: within 0.5% of the optimized step's count)."""
     tx = optax.sgd(0.1)
-    state = jax.eval_shape(lambda: train.init_state(model, tx, jax.random.key(0)))
+    state = jax.eval_shape(lambda: step_lib.init_state(model, tx, jax.random.key(0)))
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                          data.zero_batch(batch_size, image_shape))
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-    cost = step.lower(state, jax.eval_shape(train.zero_metrics), batch).cost_analysis()
+    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
+    cost = step.lower(state, jax.eval_shape(step_lib.zero_metrics), batch).cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
@@ -60,17 +60,13 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     repeat ends when its last step has finished; one untimed step first warms up.
     """
     tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend, devices))
+    steps = step_lib.make_steps(model, tx, make_backend(backend, devices))
     b = steps.backend
-    state = b.replicate(train.init_state(model, tx, jax.random.key(0)))
+    state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
     placed = [b.shard(batch) for batch in batches]
-    metrics = b.replicate(train.zero_metrics())
+    metrics = b.replicate(step_lib.zero_metrics())
     start = time.perf_counter()
-    step = steps.train_batch
-    if jax.process_count() == 1:  # pmap's compiled form cannot take process-local arrays.
-        step = step.lower(state, metrics, placed[0]).compile()
-    else:
-        state, metrics = jax.block_until_ready(step(state, metrics, placed[0]))
+    step = b.precompile(steps.train_batch, state, metrics, placed[0])
     compile_s = time.perf_counter() - start
     state, metrics = jax.block_until_ready(step(state, metrics, placed[0]))
     per_step = []
@@ -99,17 +95,18 @@ def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3
     """Seconds per training step on one device with no collective and no dispatch between
     steps (steps of them per compiled call, under lax.scan): the step's compute alone."""
     tx = optax.sgd(0.1)
-    run = train.make_steps(model, tx, make_backend("single", jax.devices()[:1])).train_calls
+    backend = make_backend("single", jax.devices()[:1])
+    run = backend.compile(modes.scanned(step_lib.make_steps(model, tx, backend).train), donate_argnums=(0,))
     n = batch_size * steps
-    split = jax.device_put(loop.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
+    split = jax.device_put(modes.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
                                                      np.zeros(n, np.int32))))
-    call = jax.device_put(next(loop.calls(n, batch_size, steps, order=np.arange(n))))
-    state = train.init_state(model, tx, jax.random.key(0))
-    compiled = run.lower(state, train.zero_metrics(), split, call).compile()
+    call = jax.device_put(next(modes.calls(n, batch_size, steps, order=np.arange(n))))
+    state = step_lib.init_state(model, tx, jax.random.key(0))
+    compiled = run.lower(state, step_lib.zero_metrics(), split, call).compile()
 
     def calls():
         nonlocal state
-        state, metrics = compiled(state, train.zero_metrics(), split, call)
+        state, metrics = compiled(state, step_lib.zero_metrics(), split, call)
         jax.block_until_ready(metrics)
     calls()
     return _median_s(calls, repeats, steps)
@@ -120,7 +117,7 @@ def time_allreduce(scheme: str, floats: int, devices: Sequence[jax.Device], repe
     """Seconds per all-reduce (allreduce.ALLREDUCES[scheme]) of floats float32 numbers held by
     every one of devices (several processes' included), each call waited for."""
     backend = make_backend("pmap", devices)
-    reduce = backend.compile(get_allreduce(scheme, "pmap"), replicated=0)
+    reduce = backend.compile(get_allreduce(scheme, "pmap"))
     x = backend.shard(np.ones((len(devices), floats), np.float32))
 
     def run():
@@ -138,8 +135,8 @@ def time_fixed(model: Model, devices: Sequence[jax.Device], batch_size: int, rep
     b = make_backend("pmap", devices)
     step = b.compile(lambda state, metrics, batch: (state, {
         **metrics, "count": metrics["count"] + batch["mask"].sum()}), donate_argnums=(0,))
-    state = b.replicate(train.init_state(model, tx, jax.random.key(0)))
-    metrics = b.replicate(train.zero_metrics())
+    state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
+    metrics = b.replicate(step_lib.zero_metrics())
     batch = b.shard(data.zero_batch(batch_size))
 
     def run():
@@ -159,9 +156,9 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     as a collective of its own)."""
     tx = optax.sgd(0.1)
     b = make_backend("pmap", devices)
-    steps = train.make_steps(model, tx, b)
+    steps = step_lib.make_steps(model, tx, b)
     batch = b.shard(data.zero_batch(batch_size))
-    text = steps.train_batch.lower(b.replicate(train.init_state(model, tx, jax.random.key(0))),
-                                   b.replicate(train.zero_metrics()), batch).compile().as_text()
+    text = steps.train_batch.lower(b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
+                                   b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]
     return sum(len(re.findall(r"\b[a-z]+\d*\[", r)) for r in results)

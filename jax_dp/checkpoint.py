@@ -1,11 +1,10 @@
-"""Where a run is (Record), and Orbax checkpoints of everything a bit-exact resume needs."""
+"""Orbax checkpoints of everything a bit-exact resume needs: state, metrics, the run's position."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -15,28 +14,6 @@ from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs every save at INFO/WARNING.
-
-
-class Record(NamedTuple):
-    """Where a run is between two steps: `step` steps done of epoch `epoch` (0-based),
-    `global_step` in all; the epoch's data `order`, the run's PRNG `key`, the finished
-    epochs' results in `history`, and the seconds this epoch's steps took so far."""
-    epoch: int
-    step: int
-    global_step: int
-    order: np.ndarray
-    key: jax.Array
-    history: tuple = ()
-    epoch_s: float = 0.0
-
-    def stepped(self, steps: int = 1) -> Record:
-        """The record `steps` steps later."""
-        return self._replace(step=self.step + steps, global_step=self.global_step + steps)
-
-    def next_epoch(self, result: dict, order: np.ndarray) -> Record:
-        """The record at the start of the next epoch, this one's result kept."""
-        return self._replace(epoch=self.epoch + 1, step=0, order=order,
-                             history=self.history + (result,), epoch_s=0.0)
 
 
 class Checkpointer:
@@ -51,16 +28,16 @@ class Checkpointer:
         self.directory, self.config, self.backend = Path(directory).absolute(), config, backend
         self.manager = _manager(directory, keep)
 
-    def save(self, state, metrics, record: Record) -> None:
-        """Write state (a TrainState), the epoch's running metrics and record."""
-        arrays = _on_host(self.backend, state, metrics, record)
-        meta = {"config": dataclasses.asdict(self.config), "epoch": record.epoch,
-                "step": record.step, "history": list(record.history), "epoch_s": record.epoch_s}
-        self.manager.save(record.global_step, args=ocp.args.Composite(
+    def save(self, state, metrics, position) -> None:
+        """Write state (a TrainState), the epoch's running metrics and position."""
+        arrays = _on_host(self.backend, state, metrics, position)
+        meta = {"config": dataclasses.asdict(self.config), "epoch": position.epoch,
+                "step": position.step, "history": list(position.history), "epoch_s": position.epoch_s}
+        self.manager.save(position.global_step, args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
 
-    def restore(self, state, metrics, record: Record):
-        """(state, metrics, record) of the latest checkpoint, placed like the arguments;
+    def restore(self, state, metrics, position):
+        """(state, metrics, position) of the latest checkpoint, placed and typed like the arguments;
         None when there is none. A checkpoint of another config is refused."""
         step = self.manager.latest_step()
         if step is None:
@@ -72,17 +49,18 @@ class Checkpointer:
                 f"cannot resume: the checkpoint in {self.directory} was written with {{}} "
                 f"{meta['config'].get(field)!r}, this run has {{}} {getattr(self.config, field)!r} "
                 "(only a larger epochs may change): resume with the same values or use another {}"))
-        b, target = self.backend, _on_host(self.backend, state, metrics, record)
+        b, target = self.backend, _on_host(self.backend, state, metrics, position)
         arrays = self.manager.restore(step, args=ocp.args.Composite(
             arrays=ocp.args.StandardRestore(target)))["arrays"]
         host = arrays["state"]
         state = state._replace(params=b.replicate(host["params"]),
                                model_state=b.from_host(host["model_state"]),
                                opt_state=b.replicate(host["opt_state"]))
-        record = Record(meta["epoch"], meta["step"], step, arrays["order"],
-                        jax.random.wrap_key_data(arrays["key"]), tuple(meta["history"]),
-                        meta.get("epoch_s", 0.0))  # Checkpoints before epoch_s: 0.
-        return state, b.replicate(arrays["metrics"]), record
+        position = position._replace(
+            epoch=meta["epoch"], step=meta["step"], global_step=step, order=arrays["order"],
+            key=jax.random.wrap_key_data(arrays["key"]), history=tuple(meta["history"]),
+            epoch_s=meta.get("epoch_s", 0.0))  # Checkpoints before epoch_s: 0.
+        return state, b.replicate(arrays["metrics"]), position
 
     def close(self) -> None:
         """Finish pending writes."""
@@ -100,13 +78,13 @@ def latest(directory: str | Path) -> tuple[int, dict, dict]:
     return step, restored["arrays"], restored["meta"]
 
 
-def _on_host(backend, state, metrics, record) -> dict:
+def _on_host(backend, state, metrics, position) -> dict:
     """The arrays of a checkpoint, read from their devices."""
     return {"state": {"params": backend.unreplicate(state.params),
                       "model_state": backend.to_host(state.model_state),
                       "opt_state": backend.unreplicate(state.opt_state)},
-            "metrics": backend.unreplicate(metrics), "order": np.asarray(record.order),
-            "key": np.asarray(jax.random.key_data(record.key))}
+            "metrics": backend.unreplicate(metrics), "order": np.asarray(position.order),
+            "key": np.asarray(jax.random.key_data(position.key))}
 
 
 def _manager(directory, keep):

@@ -18,3 +18,10 @@ class ParamError(ValueError):
     def spelled(self, spell) -> str:
         """The message with each parameter written as spell(name)."""
         return self.template.format(*map(spell, self.params))
+
+
+def check_choice(param: str, value, choices) -> str:
+    """value if it is one of choices, else a ParamError that lists them."""
+    if value not in choices:
+        raise ParamError(param, f"unknown {{}} {value!r}: use one of {', '.join(map(str, choices))}")
+    return value

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_dp import train
+from jax_dp import step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 from jax_dp.models import Model
@@ -60,7 +60,7 @@ def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *,
     """
     tx = optax.sgd(lr)
     # On the host, so each backend places (and may donate) its own copy.
-    init = jax.device_get(cast(train.init_state(model, tx, jax.random.key(seed)), dtype))
+    init = jax.device_get(cast(step_lib.init_state(model, tx, jax.random.key(seed)), dtype))
     runners = [_Runner(model, tx, c, init, batches[0], dtype)
                for c in [Config("single", 1), *configs]]
     reference, others = runners[0], runners[1:]
@@ -77,13 +77,13 @@ class _Runner:
 
     def __init__(self, model, tx, config, init, example_batch, dtype):
         self.config = config
-        self.steps = train.make_steps(model, tx, make_backend(config.backend,
+        self.steps = step_lib.make_steps(model, tx, make_backend(config.backend,
                                                               get_devices(config.devices)))
         backend = self.steps.backend
         self.state = backend.replicate(init)
         start = time.perf_counter()
         self.train_batch = self.steps.train_batch.lower(
-            self.state, backend.replicate(train.zero_metrics()),
+            self.state, backend.replicate(step_lib.zero_metrics()),
             backend.shard(cast(example_batch, dtype))).compile()
         self.compile_s = time.perf_counter() - start
         self.times, self.losses, self.diffs, self.l2_diffs = [], [], [], []
@@ -92,7 +92,7 @@ class _Runner:
         backend = self.steps.backend
         placed = backend.shard(batch)
         start = time.perf_counter()
-        self.state, metrics = self.train_batch(self.state, backend.replicate(train.zero_metrics()),
+        self.state, metrics = self.train_batch(self.state, backend.replicate(step_lib.zero_metrics()),
                                                placed)
         jax.block_until_ready(self.state)
         self.times.append(time.perf_counter() - start)

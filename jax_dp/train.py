@@ -1,35 +1,25 @@
-"""The pure train step, its evaluation twin, and the book's train() loop over any backend."""
+"""The run loop: the book's train() over any backend, with checkpoints, signals and evaluation."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, loop
-from jax_dp.allreduce import get_allreduce
+from jax_dp import dispatch, modes
 from jax_dp.backends import Backend, make_backend
-from jax_dp.checkpoint import Checkpointer, Record
+from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.models import Model, get_model
-from jax_dp.parallel import allreduce, reduced
-
-
-class TrainState(NamedTuple):
-    """Everything a step updates: params, model state (BatchNorm statistics), optimizer state."""
-    params: Any
-    model_state: Any
-    opt_state: Any
+from jax_dp.models import get_model
+from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
 
 
 class NonFiniteError(ParamError):
@@ -45,98 +35,26 @@ class Interrupted(Exception):
         self.signum, self.saved = signum, saved
 
 
-def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -> TrainState:
-    """Fresh params and model state from key, with the optimizer's initial state."""
-    params, model_state = model.init(key)
-    return TrainState(params, model_state, tx.init(params))
+class Position(NamedTuple):
+    """Where a run is between two steps: `step` steps done of epoch `epoch` (0-based),
+    `global_step` in all; the epoch's data `order`, the run's PRNG `key`, the finished
+    epochs' results in `history`, and the seconds this epoch's steps took so far."""
+    epoch: int
+    step: int
+    global_step: int
+    order: np.ndarray
+    key: jax.Array
+    history: tuple = ()
+    epoch_s: float = 0.0
 
+    def stepped(self, steps: int = 1) -> Position:
+        """The position `steps` steps later."""
+        return self._replace(step=self.step + steps, global_step=self.global_step + steps)
 
-def zero_metrics() -> dict[str, jax.Array]:
-    """Running sums over an epoch: loss, correct predictions, real examples, steps taken,
-    and the index of the first step whose loss or gradients were not finite (-1: none)."""
-    sums = {name: jnp.zeros((), jnp.float32) for name in ("loss_sum", "correct", "count")}
-    return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
-
-
-def _batch_metrics(logits, labels, mask, loss_sum):
-    correct = jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
-    return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
-
-
-def _add(metrics, new):
-    return {**metrics, **{k: metrics[k] + v for k, v in new.items()}}
-
-
-def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-               tx: optax.GradientTransformation, axis_name: str | None,
-               grad_allreduce: Callable = allreduce) -> tuple[TrainState, dict]:
-    """One SGD step on this device's shard of a global batch.
-
-    The book's convention: each device sums the cross-entropy over its real (mask 1)
-    examples, `allreduce` sums the gradients over the devices, and the sum is divided
-    by the number of real examples in the *global* batch, so every replica applies the
-    same update as one device would on the whole batch (grad_allreduce may be one of
-    jax_dp.allreduce's hand-made ones). With axis_name None the same function is the
-    single-device step. Once a step's loss or gradients are not finite,
-    this and later steps of the epoch leave the state as it was (metrics say where).
-    """
-    x, y, mask = batch["image"], batch["label"], batch["mask"]
-
-    def loss_fn(params):
-        logits, model_state = model.apply(params, state.model_state, x, mask, train=True,
-                                          axis_name=axis_name)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        return jnp.sum(losses * mask), (logits, model_state)
-
-    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        reduced(state.params, axis_name, x))
-    new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
-    if axis_name is not None:
-        grads = grad_allreduce(grads, axis_name)
-    grads = jax.tree.map(lambda g: g / new["count"], grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
-
-    finite = jnp.isfinite(new["loss_sum"]) & jnp.all(
-        jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    good = finite & (metrics["first_bad"] < 0)
-    state = jax.tree.map(lambda a, b: jnp.where(good, a, b), stepped, state)
-    metrics = _add(metrics, new)
-    return state, {**metrics, "steps": metrics["steps"] + 1, "first_bad": jnp.where(
-        ~finite & (metrics["first_bad"] < 0), metrics["steps"], metrics["first_bad"])}
-
-
-def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-              axis_name: str | None) -> dict:
-    """Add this shard's loss, correct count and example count, summed over the devices."""
-    x, y, mask = batch["image"], batch["label"], batch["mask"]
-    logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
-                            axis_name=axis_name)
-    loss_sum = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
-    return _add(metrics, allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name))
-
-
-class Steps(NamedTuple):
-    """A model's train and eval steps compiled for one backend; train_calls(state, metrics,
-    split, call) runs loop.calls' steps in one call."""
-    backend: Backend
-    train_batch: Callable
-    evaluate: Callable
-    train_calls: Callable
-
-
-def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
-               grad_allreduce: str = "psum") -> Steps:
-    """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
-
-    grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
-    """
-    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                 grad_allreduce=get_allreduce(grad_allreduce, backend.name))
-    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
-    return Steps(backend, backend.compile(train_fn, donate_argnums=(0,)),
-                 backend.compile(eval_fn),
-                 backend.compile(loop.scanned(train_fn), donate_argnums=(0,), replicated=3))
+    def next_epoch(self, result: dict, order: np.ndarray) -> Position:
+        """The position at the start of the next epoch, this one's result kept."""
+        return self._replace(epoch=self.epoch + 1, step=0, order=order,
+                             history=self.history + (result,), epoch_s=0.0)
 
 
 def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
@@ -162,10 +80,14 @@ def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
 
 def optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """SGD at config.lr, reached linearly from 0 over config.warmup_epochs."""
-    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
-    warmup_steps = round(config.warmup_epochs * per_epoch)
+    warmup_steps = round(config.warmup_epochs * steps_per_epoch(config))
     return optax.sgd(optax.linear_schedule(0.0, config.lr, warmup_steps) if warmup_steps
                      else config.lr)
+
+
+def steps_per_epoch(config: TrainConfig) -> int:
+    """Steps in one of config's epochs."""
+    return data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
 
 
 def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
@@ -178,7 +100,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           step_timeout: float | None = None, progress: bool = False, steps_per_call: int = 1,
           log: Callable[[str], None] = print,
-          on_epoch: Callable[[dict], None] = lambda summary: None) -> dict:
+          on_epoch: Callable[[dict], None] = lambda summary: None,
+          on_step: Callable[[Position], None] = lambda position: None) -> dict:
     """Train config's model with SGD on config.devices devices, printing the book's lines.
 
     Args:
@@ -192,105 +115,87 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       step_timeout: end the process (exit code 3) if a step takes longer than this (a call
         of steps_per_call steps, steps_per_call times this).
       progress: show a progress bar (steps/s, time left) within each epoch, on terminals only.
-      steps_per_call: run this many steps per compiled call, under lax.scan, the training
-        split held on the devices (the same numbers as one step per call). Checkpoints,
-        signals and the progress bar then act between calls: a save falls at the end of the
-        first call at or past each multiple of checkpoint_every.
+      steps_per_call: run this many steps per compiled call (modes.DeviceCalls: the same
+        numbers as one step per call). Checkpoints, signals and the progress bar then act
+        between calls: a save falls at the end of the first call at or past each multiple
+        of checkpoint_every.
       log: where the config, compile time and per-epoch lines go.
       on_epoch: called after each epoch's evaluation with the run's summary so far (the
         return value without "state"), before that epoch's checkpoint and any stop.
+      on_step: called with the position after each call, before the periodic actions
+        (a signal sent from it stops the run there).
 
     Returns:
       {"config": the config as a dict, "steps_per_call", "compile_s", "epochs": [{"epoch", "time_s",
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
-    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
-               steps_per_call)
+    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume)
     log(f"config: {config}")
     model, tx, key = get_model(config.model, **config.model_options()), optimizer(config), \
         jax.random.key(config.seed)
     steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
                        config.allreduce)
-    dp = steps.backend
-    state = dp.replicate(init_state(model, tx, jax.random.split(key)[0]))
-    metrics, record = dp.replicate(zero_metrics()), Record(0, 0, 0, epoch_order(config, key, 0), key)
-    ckpt = Checkpointer(checkpoint_dir, config, dp) if checkpoint_dir else None
-    if resume and (restored := ckpt.restore(state, metrics, record)) is not None:
-        state, metrics, record = restored
-        log(f"resuming from {checkpoint_dir} at epoch {record.epoch + 1}, step {record.step}")
-    per_epoch = data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
-    split = dp.replicate(loop.on_device(train_data)) if steps_per_call > 1 else None
+    backend = steps.backend
+    mode = modes.make_mode(steps, train_data, config.batch_size, config.drop_remainder,
+                           steps_per_call)
+    state = backend.replicate(init_state(model, tx, jax.random.split(key)[0]))
+    metrics = backend.replicate(zero_metrics())
+    position = Position(0, 0, 0, epoch_order(config, key, 0), key)
+    ckpt = Checkpointer(checkpoint_dir, config, backend) if checkpoint_dir else None
+    if resume and (restored := ckpt.restore(state, metrics, position)) is not None:
+        state, metrics, position = restored
+        log(f"resuming from {checkpoint_dir} at epoch {position.epoch + 1}, step {position.step}")
+    per_epoch = steps_per_epoch(config)
     start_time = time.perf_counter()
-    steps, calls = _compile(steps, state, data_lib.padded_size(config.batch_size, config.devices),
-                            train_data.images.shape[1:], split,
-                            _call_lengths(per_epoch, steps_per_call, record.step))
+    mode.compile(state, metrics, position.step)
+    eval_batch = backend.shard(data_lib.zero_batch(
+        data_lib.padded_size(config.batch_size, config.devices), test_data.images.shape[1:]))
+    steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics, eval_batch))
     compile_s = time.perf_counter() - start_time
 
-    def summary() -> dict:  # Reads record when called: the history so far.
+    def summary() -> dict:  # Reads position when called: the history so far.
         return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
-                "compile_s": compile_s, "epochs": list(record.history)}
+                "compile_s": compile_s, "epochs": list(position.history)}
 
     log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
     in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
     with dispatch.stop_requests() as stop:
-        while record.epoch < config.epochs:
-            epoch_start = time.perf_counter() - record.epoch_s  # A resumed epoch's earlier steps.
-            with _bar(progress, record, per_epoch) as bar:
-                for n, batch in _epoch(config, train_data, record, steps_per_call):
-                    state, metrics = (
-                        calls[n](state, metrics, split, dp.shard(batch)) if split is not None
-                        else steps.train_batch(state, metrics, dp.shard(batch)))
-                    before, record = record.global_step, record.stepped(n)
-                    in_flight.add(metrics, f"step {record.step} of epoch {record.epoch + 1}")
+        while position.epoch < config.epochs:
+            epoch_start = time.perf_counter() - position.epoch_s  # A resumed epoch's earlier steps.
+            with _bar(progress, position, per_epoch) as bar:
+                for n, placed in mode.epoch(position.order, position.step):
+                    state, metrics = mode(state, metrics, placed)
+                    before, position = position.global_step, position.stepped(n)
+                    in_flight.add(metrics, f"step {position.step} of epoch {position.epoch + 1}")
                     bar.update(n)
-                    if record.step < per_epoch:  # An epoch's last step is saved at its end.
-                        _between_steps(dp, ckpt, state, metrics, record, stop, due=bool(
-                            checkpoint_every and record.global_step // checkpoint_every
+                    on_step(position)
+                    if position.step < per_epoch:  # An epoch's last step is saved at its end.
+                        _between_steps(backend, ckpt, state, metrics, position, stop, due=bool(
+                            checkpoint_every and position.global_step // checkpoint_every
                             > before // checkpoint_every), epoch_start=epoch_start)
                 in_flight.drain()
             time_s = time.perf_counter() - epoch_start
-            sums = _check_finite(dp, metrics, record)
+            sums = _check_finite(backend, metrics, position)
             test_acc = evaluate_accuracy(steps, state, test_data, config.batch_size)
-            log(f"epoch {record.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
-            record = record.next_epoch(
-                {"epoch": record.epoch + 1, "time_s": time_s, "test_acc": test_acc,
+            log(f"epoch {position.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+            position = position.next_epoch(
+                {"epoch": position.epoch + 1, "time_s": time_s, "test_acc": test_acc,
                  "train_loss": sums["loss_sum"] / sums["count"],
                  "train_acc": sums["correct"] / sums["count"]},
-                epoch_order(config, record.key, record.epoch + 1))
-            metrics = dp.replicate(zero_metrics())
+                epoch_order(config, position.key, position.epoch + 1))
+            metrics = backend.replicate(zero_metrics())
             on_epoch(summary())
-            _between_steps(dp, ckpt, state, metrics, record, stop, due=True,
-                           finished=record.epoch == config.epochs)
+            _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
+                           finished=position.epoch == config.epochs)
     if ckpt:
         ckpt.close()
-    return {**summary(), "state": dp.unreplicate(state)}
+    return {**summary(), "state": backend.unreplicate(state)}
 
 
-def _epoch(config: TrainConfig, train_data: data_lib.Split, record: Record, steps_per_call: int):
-    """The epoch's steps from record.step on, as (steps, batch) pairs: host batches one step
-    at a time, or loop.calls' index batches of up to steps_per_call steps."""
-    where = dict(num_devices=config.devices, order=record.order, start=record.step,
-                 drop_remainder=config.drop_remainder)
-    if steps_per_call == 1:
-        return ((1, batch) for batch in data_lib.batches(train_data, config.batch_size, **where))
-    return ((call["mask"].shape[1], call) for call in
-            loop.calls(len(train_data.labels), config.batch_size, steps_per_call, **where))
-
-
-def _call_lengths(per_epoch: int, steps_per_call: int, start: int) -> set[int]:
-    """The numbers of steps the calls of an epoch take, that one resumed at step start included."""
-    if steps_per_call == 1:
-        return set()
-    return {min(steps_per_call, per_epoch - first) for begin in {0, start}
-            for first in range(begin, per_epoch, steps_per_call)}
-
-
-def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
-               steps_per_call=1):
+def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume):
     """Refuse data that is not the config's, and options that cannot work."""
-    loop.check_steps_per_call(steps_per_call)
     for split, data in (("train", train_data), ("test", test_data)):
         if len(data.labels) != getattr(config, f"{split}_examples"):
             raise ParamError(f"{split}_examples", f"{{}} is {getattr(config, f'{split}_examples')}"
@@ -302,56 +207,36 @@ def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, 
         raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 
 
-def _bar(progress: bool, record: Record, total: int) -> tqdm.tqdm:
+def _bar(progress: bool, position: Position, total: int) -> tqdm.tqdm:
     """A progress bar over an epoch's steps, shown only on a terminal (None: tqdm's TTY test)."""
-    return tqdm.tqdm(total=total, initial=record.step, desc=f"epoch {record.epoch + 1}",
+    return tqdm.tqdm(total=total, initial=position.step, desc=f"epoch {position.epoch + 1}",
                      unit="batch", leave=False, disable=None if progress else True)
 
 
-def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics, record: Record,
-                   stop, *, due: bool, finished: bool = False,
+def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics,
+                   position: Position, stop, *, due: bool, finished: bool = False,
                    epoch_start: float | None = None) -> None:
     """The periodic actions: save when due or asked to stop, then stop if asked (unless finished).
     Mid-epoch (epoch_start given), the save keeps the seconds the epoch's steps took so far."""
     stopping = stop.signum is not None and not finished
     if not (due or stopping):
         return
-    _check_finite(backend, metrics, record)  # Never save, nor stop quietly, past a bad step.
+    _check_finite(backend, metrics, position)  # Never save, nor stop quietly, past a bad step.
     if epoch_start is not None:  # After _check_finite waited for the steps.
-        record = record._replace(epoch_s=time.perf_counter() - epoch_start)
+        position = position._replace(epoch_s=time.perf_counter() - epoch_start)
     if ckpt:
-        ckpt.save(state, metrics, record)
+        ckpt.save(state, metrics, position)
     if stopping:
-        where = f"epoch {record.epoch + 1}, step {record.step}"
+        where = f"epoch {position.epoch + 1}, step {position.step}"
         raise Interrupted(stop.signum, where, str(ckpt.directory) if ckpt else None)
 
 
-def _check_finite(backend: Backend, metrics: dict, record: Record) -> dict:
+def _check_finite(backend: Backend, metrics: dict, position: Position) -> dict:
     """The epoch's sums on the host; NonFiniteError if a step went non-finite."""
     sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
     if sums["first_bad"] >= 0:
         raise NonFiniteError("lr", (
-            f"loss or gradients became non-finite at epoch {record.epoch + 1}, step "
+            f"loss or gradients became non-finite at epoch {position.epoch + 1}, step "
             f"{sums['first_bad'] + 1}; training stopped with the last good state "
             "(and checkpoint): lower {}"))
     return sums
-
-
-def _compile(steps: Steps, state: TrainState, size: int, image_shape, split=None,
-             call_lengths: set[int] = frozenset()) -> tuple[Steps, dict[int, Callable]]:
-    """Compile the steps ahead of time for batches of size examples, and train_calls for
-    calls of each of call_lengths steps over split; returns the steps and {length: call}."""
-    backend = steps.backend
-    batch = backend.shard(data_lib.zero_batch(size, image_shape))
-    metrics = backend.replicate(zero_metrics())
-    train_batch = steps.train_batch if split is not None else \
-        steps.train_batch.lower(state, metrics, batch).compile()
-    evaluate = steps.evaluate.lower(state, metrics, batch).compile()
-    calls = {n: steps.train_calls.lower(state, metrics, split, backend.shard(
-        {"index": np.zeros((size, n), np.int32), "mask": np.ones((size, n), np.float32)}))
-        .compile() for n in call_lengths}
-    if jax.process_count() > 1:
-        # pmap's compiled form cannot take process-local arrays: keep the wrapped steps,
-        # which find these executables in JAX's compilation cache.
-        return steps, {n: steps.train_calls for n in call_lengths}
-    return steps._replace(train_batch=train_batch, evaluate=evaluate), calls

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_dp import parity, train
+from jax_dp import parity, step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -21,15 +21,15 @@ def random_batches(n_steps, batch_size, size=28, dtype=np.float32, seed=0):
 def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_options):
     """SGD on k devices from seed 0's params (as dtype): placed state, host state, host metrics."""
     tx = optax.sgd(lr)
-    steps = train.make_steps(model, tx, make_backend(backend, get_devices(k)), **step_options)
+    steps = step_lib.make_steps(model, tx, make_backend(backend, get_devices(k)), **step_options)
     b = steps.backend
     # On the host, so each backend places (and may donate) its own copy. Made without x64
     # even for float64, so float32 and float64 runs share the init's compiled random ops.
     with jax.enable_x64(False):
-        init = train.init_state(model, tx, jax.random.key(0))
+        init = step_lib.init_state(model, tx, jax.random.key(0))
     init = jax.device_get(parity.cast(init, dtype))
     # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
-    state, metrics = b.replicate(init), b.replicate(parity.cast(train.zero_metrics(), dtype))
+    state, metrics = b.replicate(init), b.replicate(parity.cast(step_lib.zero_metrics(), dtype))
     for batch in batches:
         state, metrics = steps.train_batch(state, metrics, b.shard(batch))
     return state, b.unreplicate(state), b.unreplicate(metrics)

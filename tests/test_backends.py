@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import allreduce, data, models, parallel, parity, train
+from jax_dp import allreduce, data, models, parallel, parity, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
@@ -124,9 +124,9 @@ def test_the_ring_sends_less_than_the_star_from_its_busiest_device():
 
 def test_hand_made_allreduce_needs_pmap_and_unknown_names_are_refused():
     with pytest.raises(ValueError, match="allreduce ring is written for the pmap backend"):
-        train.make_steps(LENET, optax.sgd(0.1), make_backend("jit", get_devices(2)), "ring")
+        step_lib.make_steps(LENET, optax.sgd(0.1), make_backend("jit", get_devices(2)), "ring")
     with pytest.raises(ValueError, match="unknown allreduce 'tree'"):
-        train.make_steps(LENET, optax.sgd(0.1), make_backend("pmap", get_devices(2)), "tree")
+        step_lib.make_steps(LENET, optax.sgd(0.1), make_backend("pmap", get_devices(2)), "tree")
     with pytest.raises(ValueError, match="unknown backend 'xmap'"):
         make_backend("xmap", get_devices(2))
 

@@ -89,8 +89,8 @@ def step_and_scan(model_name, batch_size, **options):
     from jax_dp import models, train
 
     model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
-    state = train.init_state(model, tx, jax.random.key(0))
-    step = lambda s, m, b: train.train_step(s, m, b, model=model, tx=tx, axis_name=None)
+    state = step_lib.init_state(model, tx, jax.random.key(0))
+    step = lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None)
     batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),
              "mask": jnp.ones(batch_size)}
     batches = jax.tree.map(lambda x: jnp.stack([x] * 3), batch)
@@ -98,7 +98,7 @@ def step_and_scan(model_name, batch_size, **options):
     def scanned(state, metrics, batches):
         return jax.lax.scan(lambda carry, b: (step(*carry, b), None), (state, metrics), batches)[0]
 
-    return ((step, state, train.zero_metrics(), batch), (scanned, state, train.zero_metrics(), batches))
+    return ((step, state, step_lib.zero_metrics(), batch), (scanned, state, step_lib.zero_metrics(), batches))
 
 
 @pytest.mark.parametrize("model,batch_size,options", [("lenet", 8, {"conv": "xla"}),

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from jax_dp import checkpoint, data, loop, train
+from jax_dp import checkpoint, data, modes, train
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 
@@ -35,9 +35,9 @@ def test_calls_gather_exactly_the_batches_data_batches_gives(devices, start, dro
     order = np.random.default_rng(2).permutation(N)
     where = dict(num_devices=devices, order=order, start=start, drop_remainder=drop)
     want = list(data.batches(SPLIT, BATCH, **where))
-    split = loop.on_device(SPLIT)
+    split = modes.on_device(SPLIT)
     got = [{"image": split["image"][index], "label": split["label"][index], "mask": mask}
-           for call in loop.calls(N, BATCH, PER_CALL, **where)
+           for call in modes.calls(N, BATCH, PER_CALL, **where)
            for index, mask in zip(call["index"].T, call["mask"].T)]
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -86,21 +86,18 @@ def test_a_run_stopped_between_calls_resumes_with_any_steps_per_call_bit_for_bit
     """Catches saves not at the first call end at or past each multiple of checkpoint_every,
     and a resume mid-epoch that loses or repeats a step, with one step per call or with 5
     (from step 3 of 7 that is a call of 4 steps, a length no full epoch has)."""
-    saved, real_save, real_calls, calls_made = [], checkpoint.Checkpointer.save, loop.calls, [0]
-    monkeypatch.setattr(checkpoint.Checkpointer, "save", lambda self, state, metrics, record: (
-        saved.append(record.global_step), real_save(self, state, metrics, record))[1])
+    saved, real_save = [], checkpoint.Checkpointer.save
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", lambda self, state, metrics, position: (
+        saved.append(position.global_step), real_save(self, state, metrics, position))[1])
 
-    def calls(*args, **kwargs):  # SIGTERM as the run's fourth call (epoch 2, steps 1-3) starts.
-        for call in real_calls(*args, **kwargs):
-            calls_made[0] += 1
-            if calls_made[0] == 4:
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield call
+    def on_step(position):  # SIGTERM once the run's fourth call (epoch 2, steps 1-3) is done.
+        if position.global_step == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train.loop, "calls", calls)
     options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=4)
     with pytest.raises(train.Interrupted, match="epoch 2, step 3"):
-        train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, log=quiet, **options)
+        train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, log=quiet, on_step=on_step,
+                    **options)
     # Calls end at steps 3, 6, 7 (epoch 1's end), 10 (the signal): 6 is the first past 4,
     # 7 the epoch's end, 10 the first past 8 and where the signal stops the run.
     assert saved == [6, 7, 10]

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import torch_sgd_step
 
-from jax_dp import data, models, parallel, parity, train
+from jax_dp import data, models, parallel, parity, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -95,10 +95,10 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
     perm = np.random.default_rng(seed + 1).permutation(k * per_device)
     shuffled = {name: v[perm] for name, v in b.items()}
     tx = optax.sgd(lr)
-    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
-    state = train.init_state(LENET, tx, jax.random.key(seed))
+    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    state = step_lib.init_state(LENET, tx, jax.random.key(seed))
     after = [steps.backend.unreplicate(steps.train_batch(
-        steps.backend.replicate(state), steps.backend.replicate(train.zero_metrics()),
+        steps.backend.replicate(state), steps.backend.replicate(step_lib.zero_metrics()),
         steps.backend.shard(batch))[0]).params for batch in (b, shuffled)]
     scale = per_example_abs_grad_sum(state.params, b["image"], b["label"])
     n = k * per_device * 26 * 26
@@ -110,9 +110,9 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
 
 def run(k, batches, lr=0.3):
     tx = optax.sgd(lr)
-    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
-    state = steps.backend.replicate(train.init_state(LENET, tx, jax.random.key(0)))
-    metrics = steps.backend.replicate(train.zero_metrics())
+    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    state = steps.backend.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
+    metrics = steps.backend.replicate(step_lib.zero_metrics())
     for batch in batches:
         state, metrics = steps.train_batch(state, metrics, steps.backend.shard(batch))
     return state, steps.train_batch
@@ -122,20 +122,20 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
     """Catches a step that pmap and chex.fake_pmap (vmap) compute alike but wrongly: one SGD
     step of each against PyTorch's autograd on the same params and batch, in float64."""
     batch, tx = batch_of(16, 0), optax.sgd(0.3)
-    state = train.init_state(LENET, tx, jax.random.key(0))
+    state = step_lib.init_state(LENET, tx, jax.random.key(0))
     with jax.enable_x64(True):
         state = parity.cast(state, jnp.float64)
         b64 = parity.cast(batch, jnp.float64)
         runs = {}
         for name in ("pmap", "fake_pmap"):
             with chex.fake_pmap(enable_patching=name == "fake_pmap"):
-                steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+                steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
                 assert hasattr(steps.train_batch, "lower") == (name == "pmap")  # vmap, not pmap.
                 b = steps.backend
                 # The vmap, jitted: one compilation instead of one per operation.
                 step = steps.train_batch if name == "pmap" else jax.jit(steps.train_batch)
                 out, _ = step(b.replicate(state), b.replicate(
-                    parity.cast(train.zero_metrics(), jnp.float64)), b.shard(b64))
+                    parity.cast(step_lib.zero_metrics(), jnp.float64)), b.shard(b64))
                 runs[name] = b.unreplicate(out).params
     want = torch_sgd_step(state.params, batch, lr=0.3)
     for name, params in runs.items():
@@ -155,11 +155,11 @@ def test_replicas_stay_bitwise_identical(k, steps, seed):
 def traced_steps(k):
     """LeNet's pmapped step, traced lazily (not ahead of time) and allowed one trace only."""
     tx = optax.sgd(0.1)
-    counted = functools.partial(chex.assert_max_traces(train.train_step, n=1), model=LENET,
+    counted = functools.partial(chex.assert_max_traces(step_lib.train_step, n=1), model=LENET,
                                 tx=tx, axis_name=parallel.AXIS)
     step = jax.pmap(counted, axis_name=parallel.AXIS, devices=get_devices(k))
     b = make_backend("pmap", get_devices(k))
-    return step, b, b.replicate(train.init_state(LENET, tx, jax.random.key(0)))
+    return step, b, b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
 
 
 def test_padded_batches_compile_once_across_epochs():
@@ -167,7 +167,7 @@ def test_padded_batches_compile_once_across_epochs():
     split = data.Split(np.random.default_rng(0).random((50, 28, 28, 1), np.float32),
                        np.arange(50, dtype=np.int32) % 10)
     step, b, state = traced_steps(4)
-    metrics = b.replicate(train.zero_metrics())
+    metrics = b.replicate(step_lib.zero_metrics())
     try:  # 50 examples in batches of 16: the last batch of 2 is padded to 4, no second shape.
         for epoch in range(3):
             order = data.epoch_order(50, jax.random.key(epoch))
@@ -180,7 +180,7 @@ def test_padded_batches_compile_once_across_epochs():
 
 def test_a_batch_of_another_shape_trips_the_trace_guard():
     step, b, state = traced_steps(2)
-    metrics = b.replicate(train.zero_metrics())
+    metrics = b.replicate(step_lib.zero_metrics())
     try:
         state, metrics = step(state, metrics, b.shard(batch_of(16, 0)))
         with pytest.raises(AssertionError, match="traced > 1 times"):
@@ -197,7 +197,7 @@ def test_evaluation_counts_every_example_for_any_batch_size(k, n, batch_size, la
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]  # Always predicts `label`.
     tx = optax.sgd(0.1)
-    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
-    totals = train.evaluate(steps, steps.backend.replicate(train.TrainState(params, {}, tx.init(params))),
+    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    totals = train.evaluate(steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params))),
                             split, batch_size)
     assert totals["count"] == n and totals["correct"] == np.sum(labels == label)

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, parity, train
+from jax_dp import data, models, parity, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 from jax_dp.models.resnet import BatchNorm
@@ -161,8 +161,8 @@ def test_local_batchnorm_statistics_differ_between_replicas():
 
 def test_evaluation_is_deterministic_and_counts_every_example():
     tx = optax.sgd(0.1)
-    steps = train.make_steps(RESNET, tx, make_backend("pmap", get_devices(4)))
-    state = steps.backend.replicate(train.init_state(RESNET, tx, jax.random.key(0)))
+    steps = step_lib.make_steps(RESNET, tx, make_backend("pmap", get_devices(4)))
+    state = steps.backend.replicate(step_lib.init_state(RESNET, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((13, 8, 8, 1), np.float32), rng.integers(0, 10, 13).astype(np.int32))
     first, second = (train.evaluate(steps, state, split, batch_size=6) for _ in range(2))

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, train
+from jax_dp import data, models, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
@@ -56,8 +56,8 @@ def constant_prediction_state(k, label):
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]
     tx = optax.sgd(0.1)
-    steps = train.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
-    return steps, steps.backend.replicate(train.TrainState(params, {}, tx.init(params)))
+    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    return steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params)))
 
 
 @pytest.mark.parametrize("k,batch_size", [(1, 3), (2, 4), (4, 7), (8, 5)])

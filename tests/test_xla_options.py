@@ -40,13 +40,13 @@ YNN_FUSIONS_IN_LENET_STEP = """
 import functools, sys
 import jax, jax.numpy as jnp, optax
 from experiments import common
-from jax_dp import models, train
+from jax_dp import models, step as step_lib
 if sys.argv[1] == "late":
     common.use_xla_options("lenet", show=False)
 model, tx = models.get_model("lenet", conv="xla"), optax.sgd(0.1)
 batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
-step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, axis_name=None))
-hlo = step.lower(train.init_state(model, tx, jax.random.key(0)), train.zero_metrics(), batch)
+step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
+hlo = step.lower(step_lib.init_state(model, tx, jax.random.key(0)), step_lib.zero_metrics(), batch)
 print(hlo.compile().as_text().count('"kind":"__ynn_fusion"'))
 """
 

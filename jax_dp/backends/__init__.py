@@ -2,42 +2,60 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
-from jax_dp.errors import ParamError
+from jax_dp.errors import check_choice
 
 # pmap is the book's; single, one device with no collectives, is the reference.
 BACKENDS = ("pmap", "shard_map", "jit", "single")
 
 
-class Backend(NamedTuple):
+class Backend:
     """How state and batches are placed on devices, and how a per-shard step is compiled.
 
-    compile(fn, donate_argnums, replicated=2) takes fn(state, metrics, batch) written for
-    one shard (collectives over `axis_name`), or any fn whose first `replicated` arguments
-    are replicated and whose last is split, and returns the step to call on placed values.
-    replicate puts one copy of a host tree on every device, unreplicate reads one copy
-    back; to_host and from_host move a placed tree whole, every device's copy included.
+    compile(fn) takes fn written for one shard (collectives over `axis_name`) whose last
+    argument is split over the devices and whose others are replicated, and returns it
+    to call on placed values. replicate puts one copy of a host tree on every device,
+    unreplicate reads one copy back; to_host and from_host move a placed tree whole,
+    every device's copy included (they differ only where each device holds its own).
     """
     name: str
-    devices: tuple[jax.Device, ...]
     axis_name: str | None
-    replicate: Callable[[Any], Any]
-    shard: Callable[[Any], Any]
-    unreplicate: Callable[[Any], Any]
-    compile: Callable[..., Callable]
-    to_host: Callable[[Any], Any]
-    from_host: Callable[[Any], Any]
+
+    def __init__(self, devices: Sequence[jax.Device]):
+        self.devices = tuple(devices)
+
+    def replicate(self, tree: Any) -> Any:
+        raise NotImplementedError
+
+    def shard(self, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def unreplicate(self, tree: Any) -> Any:
+        raise NotImplementedError
+
+    def compile(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> Callable:
+        raise NotImplementedError
+
+    def to_host(self, tree: Any) -> Any:
+        """A placed tree on the host, every device's copy included."""
+        return self.unreplicate(tree)
+
+    def from_host(self, tree: Any) -> Any:
+        """to_host's result placed back."""
+        return self.replicate(tree)
+
+    def precompile(self, compiled: Callable, *args) -> Callable:
+        """compiled (compile's result) compiled ahead of time for args like these."""
+        return compiled.lower(*args).compile()
 
 
 def make_backend(name: str, devices: Sequence[jax.Device]) -> Backend:
     """The backend called name ('single', 'pmap', 'shard_map', 'jit') over devices."""
     from jax_dp.backends import jit, pmap, shard_map, single
 
-    makers = {"single": single.make, "pmap": pmap.make, "shard_map": shard_map.make,
-              "jit": jit.make}
-    if name not in makers:
-        raise ParamError("backend", f"unknown {{}} {name!r}: use one of {', '.join(BACKENDS)}")
-    return makers[name](tuple(devices))
+    makers = {"single": single.Single, "pmap": pmap.Pmap, "shard_map": shard_map.ShardMap,
+              "jit": jit.Jit}
+    return makers[check_choice("backend", name, BACKENDS)](devices)

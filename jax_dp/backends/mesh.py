@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jax_dp.backends import Backend
 from jax_dp.parallel import AXIS
 
 
-class MeshPlacement(NamedTuple):
-    """The mesh, its two shardings, and how host trees become global arrays and back."""
-    mesh: Mesh
-    replicated: NamedSharding
-    split: NamedSharding
+class MeshBackend(Backend):
+    """State replicated (P()) and batches split (P(AXIS)) over a Mesh of the devices, in order."""
+
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.mesh = Mesh(np.array(self.devices), (AXIS,))
+        self.replicated, self.split = NamedSharding(self.mesh, P()), NamedSharding(self.mesh, P(AXIS))
 
     def replicate(self, tree: Any) -> Any:
         """Every leaf, whole, on every device (each process passes the same host values)."""
@@ -33,12 +36,6 @@ class MeshPlacement(NamedTuple):
                                                           x.shape)
         return jax.tree.map(place, batch)
 
-    def to_host(self, tree: Any) -> Any:
+    def unreplicate(self, tree: Any) -> Any:
         """A replicated tree on the host, read from this process's first device."""
         return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
-
-
-def placement(devices: tuple[jax.Device, ...]) -> MeshPlacement:
-    """Placement over devices, in their order, along AXIS."""
-    mesh = Mesh(np.array(devices), (AXIS,))
-    return MeshPlacement(mesh, NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS)))

@@ -9,25 +9,42 @@ from jax_dp import parallel
 from jax_dp.backends import Backend
 
 
-def make(devices: tuple[jax.Device, ...]) -> Backend:
-    """A Backend that pmaps a per-shard step over devices along parallel.AXIS.
+class Pmap(Backend):
+    """pmaps a per-shard step over the devices along parallel.AXIS.
 
     In a multi-process run, devices spans every process; each process places values on
     its own devices only and feeds them its slice of every global batch.
     """
-    local = tuple(d for d in devices if d.process_index == jax.process_index())
-    process, processes = jax.process_index(), len({d.process_index for d in devices})
+    name, axis_name = "pmap", parallel.AXIS
 
-    def shard(batch):
-        size = len(jax.tree.leaves(batch)[0]) // processes
-        mine = jax.tree.map(lambda x: x[process * size:(process + 1) * size], batch)
-        return parallel.split_and_load(mine, local)
+    def __init__(self, devices):
+        super().__init__(devices)
+        self.local = tuple(d for d in self.devices if d.process_index == jax.process_index())
+        self.processes = len({d.process_index for d in self.devices})
 
-    return Backend(
-        name="pmap", devices=devices, axis_name=parallel.AXIS,
-        replicate=lambda tree: parallel.get_params(tree, local), shard=shard,
-        unreplicate=parallel.unreplicate,
-        compile=lambda fn, donate_argnums=(), replicated=2: jax.pmap(
-            fn, axis_name=parallel.AXIS, devices=devices, donate_argnums=donate_argnums),
-        to_host=lambda tree: jax.tree.map(np.asarray, tree),
-        from_host=lambda tree: jax.device_put(tree, parallel.device_sharding(local)))
+    def replicate(self, tree):
+        return parallel.get_params(tree, self.local)
+
+    def shard(self, batch):
+        size, me = len(jax.tree.leaves(batch)[0]) // self.processes, jax.process_index()
+        mine = jax.tree.map(lambda x: x[me * size:(me + 1) * size], batch)
+        return parallel.split_and_load(mine, self.local)
+
+    def unreplicate(self, tree):
+        return parallel.unreplicate(tree)
+
+    def to_host(self, tree):
+        return jax.tree.map(np.asarray, tree)
+
+    def from_host(self, tree):
+        return jax.device_put(tree, parallel.device_sharding(self.local))
+
+    def compile(self, fn, donate_argnums=()):
+        return jax.pmap(fn, axis_name=parallel.AXIS, devices=self.devices,
+                        donate_argnums=donate_argnums)
+
+    def precompile(self, compiled, *args):
+        executable = compiled.lower(*args).compile()
+        # pmap's compiled form cannot take process-local arrays: keep the wrapped step,
+        # which finds this executable in JAX's compilation cache.
+        return compiled if jax.process_count() > 1 else executable

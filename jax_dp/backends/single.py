@@ -8,14 +8,22 @@ import numpy as np
 from jax_dp.backends import Backend
 
 
-def make(devices: tuple[jax.Device, ...]) -> Backend:
-    """A Backend that runs whole global batches on one device."""
-    if len(devices) != 1:
-        raise ValueError(f"the single-device backend runs on 1 device, got {len(devices)}")
-    put = lambda tree: jax.device_put(tree, devices[0])
-    to_host = lambda tree: jax.tree.map(np.asarray, tree)
-    return Backend(
-        name="single", devices=devices, axis_name=None, replicate=put, shard=put,
-        unreplicate=to_host,
-        compile=lambda fn, donate_argnums=(), replicated=2: jax.jit(fn, donate_argnums=donate_argnums),
-        to_host=to_host, from_host=put)
+class Single(Backend):
+    """Runs whole global batches on one device."""
+    name, axis_name = "single", None
+
+    def __init__(self, devices):
+        super().__init__(devices)
+        if len(self.devices) != 1:
+            raise ValueError(f"the single-device backend runs on 1 device, got {len(self.devices)}")
+
+    def replicate(self, tree):
+        return jax.device_put(tree, self.devices[0])
+
+    shard = replicate
+
+    def unreplicate(self, tree):
+        return jax.tree.map(np.asarray, tree)
+
+    def compile(self, fn, donate_argnums=()):
+        return jax.jit(fn, donate_argnums=donate_argnums)

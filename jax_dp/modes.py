@@ -1,0 +1,145 @@
+"""How a run feeds its steps: one host batch per compiled call, or many steps per call on device.
+
+Both modes compute the same numbers; the run loop sees only `epoch` and the mode's call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_dp import data
+from jax_dp.errors import ParamError
+from jax_dp.step import Steps
+
+# Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
+# LeNet equally fast (README, "Speed"), so checkpoints and signals keep one-step granularity.
+# GPU: not yet measured (no GPU here); 16 steps hide the per-step dispatch of a short step.
+STEPS_PER_CALL = {"cpu": 1, "gpu": 16}
+
+
+def default_steps_per_call() -> int:
+    """Steps per call for the default backend's platform (STEPS_PER_CALL: measured on CPU)."""
+    return STEPS_PER_CALL.get(jax.default_backend(), 1)
+
+
+def check_steps_per_call(steps_per_call: int) -> None:
+    """Refuse a number of steps per call below 1."""
+    if steps_per_call < 1:
+        raise ParamError("steps_per_call", f"{{}} must be at least 1, got {steps_per_call}")
+
+
+class HostBatches:
+    """The book's loop: the host cuts each global batch and one compiled call trains on it."""
+
+    def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
+                 drop_remainder: bool):
+        self.steps, self.train_data = steps, train_data
+        self.batch_size, self.drop_remainder = batch_size, drop_remainder
+        self.step = steps.train_batch
+
+    def compile(self, state, metrics, start: int) -> None:
+        """Compile the step ahead of time for this run's batches."""
+        size = data.padded_size(self.batch_size, len(self.steps.backend.devices))
+        batch = self.steps.backend.shard(data.zero_batch(size, self.train_data.images.shape[1:]))
+        self.step = self.steps.backend.precompile(self.steps.train_batch, state, metrics, batch)
+
+    def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
+        """The epoch's steps from step start on, as (1, placed batch) pairs."""
+        for batch in data.batches(self.train_data, self.batch_size,
+                                  num_devices=len(self.steps.backend.devices), order=order,
+                                  start=start, drop_remainder=self.drop_remainder):
+            yield 1, self.steps.backend.shard(batch)
+
+    def __call__(self, state, metrics, batch):
+        return self.step(state, metrics, batch)
+
+
+class DeviceCalls:
+    """steps_per_call steps per compiled call, under lax.scan, the training split held on the
+    devices and each batch gathered there by index (the same numbers as HostBatches)."""
+
+    def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
+                 drop_remainder: bool, steps_per_call: int):
+        self.backend, self.train_data = steps.backend, train_data
+        self.batch_size, self.drop_remainder = batch_size, drop_remainder
+        self.steps_per_call = steps_per_call
+        self.split = self.backend.replicate(on_device(train_data))
+        self.run = self.backend.compile(scanned(steps.train), donate_argnums=(0,))
+        self.calls: dict[int, Callable] = {}
+
+    def compile(self, state, metrics, start: int) -> None:
+        """Compile a call for each number of steps the epoch's calls take, a resumed one's too."""
+        size = data.padded_size(self.batch_size, len(self.backend.devices))
+        per_epoch = data.num_batches(len(self.train_data.labels), self.batch_size,
+                                     self.drop_remainder)
+        lengths = {min(self.steps_per_call, per_epoch - first) for begin in {0, start}
+                   for first in range(begin, per_epoch, self.steps_per_call)}
+        self.calls = {n: self.backend.precompile(self.run, state, metrics, self.split,
+                                                 self.backend.shard(_zero_call(size, n)))
+                      for n in lengths}
+
+    def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
+        """The epoch's steps from step start on, as (steps, placed call) pairs."""
+        for call in calls(len(self.train_data.labels), self.batch_size, self.steps_per_call,
+                          num_devices=len(self.backend.devices), order=order, start=start,
+                          drop_remainder=self.drop_remainder):
+            yield call["mask"].shape[1], self.backend.shard(call)
+
+    def __call__(self, state, metrics, call):
+        return self.calls[call["mask"].shape[-1]](state, metrics, self.split, call)
+
+
+def make_mode(steps: Steps, train_data: data.Split, batch_size: int, drop_remainder: bool,
+              steps_per_call: int) -> HostBatches | DeviceCalls:
+    """HostBatches for one step per call, DeviceCalls for more."""
+    check_steps_per_call(steps_per_call)
+    if steps_per_call == 1:
+        return HostBatches(steps, train_data, batch_size, drop_remainder)
+    return DeviceCalls(steps, train_data, batch_size, drop_remainder, steps_per_call)
+
+
+def on_device(split: data.Split) -> dict[str, np.ndarray]:
+    """The split's images and labels with one all-zero example appended, which padding rows
+    point at, so a gathered batch equals the one data.batches pads on the host."""
+    return {"image": np.concatenate([split.images, np.zeros_like(split.images[:1])]),
+            "label": np.concatenate([split.labels, np.zeros_like(split.labels[:1])])}
+
+
+def calls(n: int, batch_size: int, steps_per_call: int, *, num_devices: int = 1,
+          order: np.ndarray, start: int = 0, drop_remainder: bool = False) -> Iterator[dict]:
+    """An epoch's steps from step `start`, steps_per_call at a time, as {"index", "mask"} of
+    shape [padded batch, steps]: the examples of data.batches' batches (the batch axis leads,
+    to be split over the devices like a batch's)."""
+    size, total = data.padded_size(batch_size, num_devices), data.num_batches(n, batch_size,
+                                                                              drop_remainder)
+    for first in range(start, total, steps_per_call):
+        steps = min(steps_per_call, total - first)
+        index, mask = np.full((steps, size), n, np.int32), np.zeros((steps, size), np.float32)
+        for i in range(steps):
+            rows = order[(first + i) * batch_size:(first + i + 1) * batch_size]
+            index[i, :len(rows)], mask[i, :len(rows)] = rows, 1
+        yield {"index": index.T, "mask": mask.T}
+
+
+def _zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
+    return {"index": np.zeros((size, steps), np.int32), "mask": np.ones((size, steps), np.float32)}
+
+
+def scanned(step: Callable) -> Callable:
+    """step(state, metrics, batch) as run(state, metrics, split, call): call's steps, in
+    order, under one lax.scan, each batch gathered from split (on_device's) by index."""
+    def run(state, metrics, split, call):
+        def body(carry, xs):
+            index, mask = xs
+            batch = {"image": jnp.take(split["image"], index, axis=0),
+                     "label": jnp.take(split["label"], index, axis=0), "mask": mask}
+            return step(*carry, batch), None
+
+        (state, metrics), _ = lax.scan(body, (state, metrics), (call["index"].T, call["mask"].T))
+        return state, metrics
+    return run

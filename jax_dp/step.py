@@ -1,0 +1,115 @@
+"""The book's data-parallel step: each device's gradient on its shard, summed by an all-reduce."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jax_dp.allreduce import get_allreduce
+from jax_dp.backends import Backend
+from jax_dp.models import Model
+from jax_dp.parallel import allreduce, reduced
+
+
+class TrainState(NamedTuple):
+    """Everything a step updates: params, model state (BatchNorm statistics), optimizer state."""
+    params: Any
+    model_state: Any
+    opt_state: Any
+
+
+def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -> TrainState:
+    """Fresh params and model state from key, with the optimizer's initial state."""
+    params, model_state = model.init(key)
+    return TrainState(params, model_state, tx.init(params))
+
+
+def zero_metrics() -> dict[str, jax.Array]:
+    """Running sums over an epoch: loss, correct predictions, real examples, steps taken,
+    and the index of the first step whose loss or gradients were not finite (-1: none)."""
+    sums = {name: jnp.zeros((), jnp.float32) for name in ("loss_sum", "correct", "count")}
+    return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
+
+
+def _batch_metrics(logits, labels, mask, loss_sum):
+    correct = jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
+    return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
+
+
+def _add(metrics, new):
+    return {**metrics, **{k: metrics[k] + v for k, v in new.items()}}
+
+
+def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
+               tx: optax.GradientTransformation, axis_name: str | None,
+               grad_allreduce: Callable = allreduce) -> tuple[TrainState, dict]:
+    """One SGD step on this device's shard of a global batch.
+
+    The book's convention: each device sums the cross-entropy over its real (mask 1)
+    examples, `allreduce` sums the gradients over the devices, and the sum is divided
+    by the number of real examples in the *global* batch, so every replica applies the
+    same update as one device would on the whole batch (grad_allreduce may be one of
+    jax_dp.allreduce's hand-made ones). With axis_name None the same function is the
+    single-device step. Once a step's loss or gradients are not finite,
+    this and later steps of the epoch leave the state as it was (metrics say where).
+    """
+    x, y, mask = batch["image"], batch["label"], batch["mask"]
+
+    def loss_fn(params):
+        logits, model_state = model.apply(params, state.model_state, x, mask, train=True,
+                                          axis_name=axis_name)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        return jnp.sum(losses * mask), (logits, model_state)
+
+    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        reduced(state.params, axis_name, x))
+    new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
+    if axis_name is not None:
+        grads = grad_allreduce(grads, axis_name)
+    grads = jax.tree.map(lambda g: g / new["count"], grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
+
+    finite = jnp.isfinite(new["loss_sum"]) & jnp.all(
+        jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    good = finite & (metrics["first_bad"] < 0)
+    state = jax.tree.map(lambda a, b: jnp.where(good, a, b), stepped, state)
+    metrics = _add(metrics, new)
+    return state, {**metrics, "steps": metrics["steps"] + 1, "first_bad": jnp.where(
+        ~finite & (metrics["first_bad"] < 0), metrics["steps"], metrics["first_bad"])}
+
+
+def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
+              axis_name: str | None) -> dict:
+    """Add this shard's loss, correct count and example count, summed over the devices."""
+    x, y, mask = batch["image"], batch["label"], batch["mask"]
+    logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
+                            axis_name=axis_name)
+    loss_sum = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
+    return _add(metrics, allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name))
+
+
+class Steps(NamedTuple):
+    """A model's steps for one backend: `train` is the pure per-shard step (to wrap further),
+    `train_batch` and `evaluate` its compiled forms, each taking (state, metrics, batch)."""
+    backend: Backend
+    train: Callable
+    train_batch: Callable
+    evaluate: Callable
+
+
+def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
+               grad_allreduce: str = "psum") -> Steps:
+    """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
+
+    grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
+    """
+    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
+                                 grad_allreduce=get_allreduce(grad_allreduce, backend.name))
+    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
+    return Steps(backend, train_fn, backend.compile(train_fn, donate_argnums=(0,)),
+                 backend.compile(eval_fn))
