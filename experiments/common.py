@@ -203,7 +203,7 @@ def write_outputs(args, runs: list[dict]) -> None:
     payload = {"model": args.model, "runs": runs}
     write_json(args.json, payload)
     if args.plot:
-        from jax_dp import plots
+        from jax_dp.measure import plots
 
         plots.plot_history(payload, args.plot)
 

@@ -18,7 +18,8 @@ DEFAULTS = {"lenet": {"batch_size": 256, "lr": 0.2}, "resnet18": {"batch_size": 
 
 def main(args) -> None:
     """Run the comparison and print its table."""
-    from jax_dp import data, devices, models, parity
+    from jax_dp import data, devices, models
+    from jax_dp.measure import parity
 
     common.check_writable(args.json)
     common.check_writable(args.plot)
@@ -49,7 +50,7 @@ def main(args) -> None:
     print(table(result))
     common.write_json(args.json, result)
     if args.plot:
-        from jax_dp import plots
+        from jax_dp.measure import plots
 
         plots.plot_parity(result, args.plot)
 

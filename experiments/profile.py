@@ -23,14 +23,15 @@ def main(args) -> None:
     if args.pairs and args.peer != "torch":
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     common.use_xla_options(args.model)
-    from jax_dp import models, profile
+    from jax_dp import models
+    from jax_dp.measure import profile
 
     options = {"conv": "auto"} if args.model == "lenet" else {}
     ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None
     if args.peer == "torch":
-        from jax_dp import torch_peer
+        from jax_dp.measure import torch_peer
 
         peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
     print(table(args.model, args.batch_size, ours, peer))
@@ -50,7 +51,8 @@ def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> 
     import jax
     import numpy as np
 
-    from jax_dp import benchmark, models, profile, torch_peer
+    from jax_dp import models
+    from jax_dp.measure import benchmark, profile, torch_peer
 
     compiled, *arguments = benchmark.single_step(models.get_model(model, **options), batch_size)
     ours, theirs = profile.alternate(lambda: jax.block_until_ready(compiled(*arguments)),

@@ -40,7 +40,8 @@ def worker(spec: dict) -> None:
     cpus = spec["cpus"][rank] if spec["kind"] == "processes" else spec["cpus"]
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
     common.use_xla_options(spec["model"], show=False)
-    from jax_dp import benchmark, devices, distributed, models
+    from jax_dp import devices, distributed, models
+    from jax_dp.measure import benchmark
 
     devices.simulate_cpu_devices(spec.get("local", 1))
     if spec["kind"] == "processes":
@@ -59,7 +60,8 @@ def measure_devices(spec: dict, model, devs) -> dict:
     """All-reduce times by scheme and size, the fixed cost and real step times on devs."""
     import numpy as np
 
-    from jax_dp import benchmark, data
+    from jax_dp import data
+    from jax_dp.measure import benchmark
 
     allreduces = [{"scheme": s, "bytes": n, "seconds": benchmark.time_allreduce(s, n // 4, devs)}
                   for s in SCHEMES for n in spec["sizes"]] if len(devs) > 1 else []
@@ -98,7 +100,8 @@ def main(args) -> None:
     """Measure, fit, check the predictions, then draw the profiles' curves."""
     import numpy as np
 
-    from jax_dp import devices, hardware, models
+    from jax_dp import devices, models
+    from jax_dp.measure import hardware
 
     profiles = hardware.load_profiles(args.profiles)
     common.check_writable(args.json)
@@ -127,7 +130,7 @@ def main(args) -> None:
     print(report(result))
     common.write_json(args.json, result)
     if args.plot:
-        from jax_dp import plots
+        from jax_dp.measure import plots
 
         plots.plot_scaling(result, args.plot)
 
@@ -155,7 +158,8 @@ def measure(model: str, batch: int, steps: int, repeats: int, sizes: list[int],
 
 def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profiles: dict) -> dict:
     """Fit lines and links, predict every measured config, and draw every profile's curves."""
-    from jax_dp import benchmark, models, scaling
+    from jax_dp import models
+    from jax_dp.measure import benchmark, scaling
 
     lines = {c: scaling.fit_line([int(b) for b in t], list(t.values()))
              for c, t in measured["compute"].items()}
@@ -192,7 +196,7 @@ def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profi
 def curves(profiles: dict, shapes: dict) -> dict:
     """Each profile's predicted speedups up to 64 devices (both models at the book's batch of
     256, weak and strong scaling, with and without overlap) and its crossover batches."""
-    from jax_dp import scaling
+    from jax_dp.measure import scaling
 
     out = {}
     for key, hw in profiles.items():

@@ -57,7 +57,7 @@ def _conv_bwd(strides, pads, residuals, g):
     # get a zero gradient: the extra high padding below.
     dx_pads = [(k - 1 - lo, k - 1 - hi + (n + lo + hi - k) % s)
                for n, k, s, (lo, hi) in zip(sizes, kernel, strides, pads)]
-    with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.profile).
+    with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
         dx = _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
     # dW sums over N, so one of x and g must be wholly transposed (N last). XLA:CPU runs a
     # transpose at copy speed only when its input is in memory; fused with the BatchNorm and

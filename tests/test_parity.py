@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jax_dp import data, models, parity
+from jax_dp import data, models
+from jax_dp.measure import parity
 
 from helpers import random_batches
 

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import benchmark, models, profile, xla_options
+from jax_dp import models, xla_options
+from jax_dp.measure import benchmark, profile
 
 
 def compiled_step_hlo(model, batch_size):

@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jax_dp import allreduce, hardware, scaling
+from jax_dp import allreduce
+from jax_dp.measure import hardware, scaling
 from jax_dp.errors import ParamError
-from jax_dp.scaling import Link
+from jax_dp.measure.scaling import Link
 
 HARDWARE = Path(__file__).parents[1] / "experiments" / "hardware.json"
 
