@@ -62,12 +62,16 @@ def cli_parser(module: str, doc: str) -> OneLineParser:
 
 
 def training_parser(module: str, doc: str, model: str, *, devices: str, batch_size: str,
-                    lr: str, epochs: int) -> OneLineParser:
-    """The flags of a training experiment; each TrainConfig field's flag has its field's name."""
-    from jax_dp import allreduce, backends, config, models
+                    lr: str, epochs: int, choose_model: bool = False) -> OneLineParser:
+    """The flags of a training experiment for model (with choose_model, --model picks another);
+    each TrainConfig field's flag has its field's name, each of the model's options its own."""
+    from jax_dp import config
 
     p = cli_parser(module, doc)
-    options = models.OPTION_CHOICES
+    if choose_model:
+        p.add_argument("--model", default=model, help="a model named in jax_dp.models.MODELS, or "
+                       "the import path of a module of your own (docs/models.md); its options "
+                       "then have flags of their own")
     p.add_argument("--devices", type=comma_list(int, "counts"), default=devices,
                    help="device counts, one run each (on CPU, simulated devices)")
     p.add_argument("--batch-size", type=comma_list(int, "sizes"), default=batch_size,
@@ -76,22 +80,13 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="SGD learning rate: one, or one per run")
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--seed", type=int, default=0, help="seed of params and data order")
-    if "conv" in models.MODEL_OPTIONS[model]:
-        p.add_argument("--conv", default="auto", choices=options["conv"],
-                       help="convolution: lax.conv ('xla', the readable one), or one matrix "
-                            "product per layer ('im2col'); auto: the fastest measured on CPU "
-                            "(README), xla elsewhere")
-    if "bn" in models.MODEL_OPTIONS[model]:
-        p.add_argument("--bn", default="sync", choices=options["bn"],
-                       help="BatchNorm statistics of the global batch (sync) or of each "
-                            "device's shard (local, the book's)")
-    p.add_argument("--activation", default="relu", choices=options["activation"],
-                   help="relu (the book's), or softplus, which has no kink for round-off to "
-                        "tip a unit across")
+    add_model_options(p, model)
+    from jax_dp import backends
+
     p.add_argument("--backend", default="pmap", choices=backends.BACKENDS,
                    help="how steps run over the devices: jax.pmap (the book's), jax.shard_map, "
                         "jax.jit with NamedSharding, or one device ('single', --devices 1)")
-    p.add_argument("--allreduce", default="psum", choices=tuple(allreduce.ALLREDUCES),
+    p.add_argument("--allreduce", default="psum", choices=backends.ALLREDUCES,
                    help="how gradients are summed under pmap: lax.psum, the book's star, or a ring")
     p.add_argument("--train-examples", type=int, default=config.SIZES["train"],
                    help="train on the first N training examples")
@@ -133,8 +128,33 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     return p
 
 
+def add_model_options(p: argparse.ArgumentParser, model: str) -> None:
+    """A flag for each option model's module declares (its OPTIONS), with its default and choices."""
+    from jax_dp import models
+
+    for option in models.model_module(model).OPTIONS:
+        p.add_argument(f"--{option.name.replace('_', '-')}", dest=option.name,
+                       default=option.default, choices=option.choices, help=option.help)
+
+
+def model_options(args) -> dict:
+    """The model options args' flags set (add_model_options')."""
+    from jax_dp import models
+
+    return {option.name: getattr(args, option.name)
+            for option in models.model_module(args.model).OPTIONS}
+
+
+def chosen_model(default: str) -> str:
+    """The --model on this process's command line (default without one), before full parsing."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model", default=default)
+    return p.parse_known_args()[0].model
+
+
 def configs(args) -> list:
     """One TrainConfig per run: every field from its flag; devices, batch size and lr per run."""
+    from jax_dp import models
     from jax_dp.config import TrainConfig
 
     if args.base_batch_size < 1:
@@ -143,10 +163,13 @@ def configs(args) -> list:
     batch_sizes, lrs = per_run(args.batch_size, n, "--batch-size"), per_run(args.lr, n, "--lr")
     if args.lr_scaling == "linear":  # Goyal et al.: lr grows with the batch.
         lrs = [lr * b / args.base_batch_size for lr, b in zip(lrs, batch_sizes)]
+    # Every other field has a flag of its name: a field without one fails here, loudly.
     shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-              if f.name not in ("devices", "batch_size", "lr") and hasattr(args, f.name)}
-    return [TrainConfig(**shared, devices=k, batch_size=b, lr=lr)
+              if f.name not in ("devices", "batch_size", "lr", "options")}
+    runs = [TrainConfig(**shared, options=model_options(args), devices=k, batch_size=b, lr=lr)
             for k, b, lr in zip(args.devices, batch_sizes, lrs)]
+    models.model_options(args.model, runs[0].options, args.backend)
+    return runs
 
 
 def load_data(args):
@@ -170,7 +193,7 @@ def train_runs(args) -> None:
     if args.steps_per_call is not None:
         modes.check_steps_per_call(args.steps_per_call)
     use_xla_options(args.model, primary)
-    size = models.model_bytes(args.model, **runs_configs[0].model_options())
+    size = models.model_bytes(args.model, **runs_configs[0].options)
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
                           start=lambda: distributed.initialize(args.coordinator, args.num_processes,
                                                                args.process_id))
@@ -209,18 +232,24 @@ def write_outputs(args, runs: list[dict]) -> None:
 
 
 def use_xla_options(model: str, show: bool = True) -> None:
-    """Set the XLA_FLAGS measured fastest for model (README, "Speed"), the user's own winning;
+    """Set the XLA_FLAGS measured fastest for model (docs/speed.md), the user's own winning;
     XLA reads them when its backend starts, so this must come before the first JAX operation."""
     from jax._src import xla_bridge
 
-    from jax_dp import xla_options
-
     if xla_bridge.backends_are_initialized():
         raise RuntimeError("XLA options set after JAX's backend started would be ignored")
-    flags = xla_options.cpu_flags(model, os.environ.get("XLA_FLAGS", ""))
+    flags = xla_flags(model, os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = flags
     if show:
         print(f"XLA_FLAGS: {flags or '(none)'}", flush=True)
+
+
+def xla_flags(model: str, user: str) -> str:
+    """XLA_FLAGS for model: its module's CPU_FUSION (XLA's default without one), user's flags winning."""
+    from jax_dp import models, xla_options
+
+    return xla_options.cpu_flags(getattr(models.model_module(model), "CPU_FUSION", "ynn-default"),
+                                 user)
 
 
 def check_writable(path: Path | None) -> None:
@@ -257,9 +286,15 @@ def run(main: Callable[[argparse.Namespace], None], make_parser: Callable[[], On
     (--batch-size). tcmalloc is preloaded first, before JAX is imported.
     """
     with_tcmalloc()
-    p = make_parser()
-    args = p.parse_args()
     from jax_dp.errors import ParamError
+
+    try:
+        p = make_parser()
+    except ParamError as e:  # A --model that is no model: its flags cannot be known.
+        main_module = getattr(sys.modules["__main__"].__spec__, "name", "experiments")
+        print(f"python -m {main_module}: error: {e.spelled(lambda n: '--' + n)}", file=sys.stderr)
+        sys.exit(2)
+    args = p.parse_args()
     from jax_dp.train import Interrupted
 
     try:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from experiments import common
 
+# The book's models' batch and lr here; any other model: GENERIC.
 DEFAULTS = {"lenet": {"batch_size": 256, "lr": 0.2}, "resnet18": {"batch_size": 16, "lr": 0.1}}
+GENERIC = {"batch_size": 256, "lr": 0.1}
 
 
 def main(args) -> None:
@@ -23,7 +25,8 @@ def main(args) -> None:
 
     common.check_writable(args.json)
     common.check_writable(args.plot)
-    defaults = DEFAULTS[args.model]
+    defaults = DEFAULTS.get(args.model, GENERIC)
+    options = models.model_options(args.model, common.model_options(args))
     batch_size = args.batch_size or defaults["batch_size"]
     lr = args.lr or defaults["lr"]
     if args.steps < 1:
@@ -42,10 +45,10 @@ def main(args) -> None:
     import jax
 
     with jax.enable_x64(dtype == "float64"):
-        result = parity.compare(models.get_model(args.model, activation=args.activation), batches,
+        result = parity.compare(models.get_model(args.model, **options), batches,
                                 [parity.Config(b, k) for b in args.backends for k in args.devices],
                                 lr=lr, seed=args.seed, dtype=dtype)
-    result.update(model=args.model, activation=args.activation, batch_size=batch_size, lr=lr,
+    result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,
                   steps=args.steps, dtype=dtype)
     print(table(result))
     common.write_json(args.json, result)
@@ -58,7 +61,8 @@ def main(args) -> None:
 def table(result: dict) -> str:
     """The comparison as a Markdown table, one row per run."""
     ref_losses = result["runs"][0]["losses"]
-    rows = [f"{result['model']} ({result['activation']}), global batch {result['batch_size']}, "
+    options = " ".join(f"{k}={v}" for k, v in result["options"].items())
+    rows = [f"{result['model']} ({options}), global batch {result['batch_size']}, "
             f"lr {result['lr']}, {result['steps']} steps, {result['dtype']}; "
             "reference: single device (jax.jit)",
             "",
@@ -78,21 +82,24 @@ def table(result: dict) -> str:
 
 def parser():
     """This experiment's flags."""
-    from jax_dp import backends, models
+    from jax_dp import backends
 
     p = common.cli_parser(__spec__.name, __doc__)
-    p.add_argument("--model", default="lenet", choices=tuple(models.MODELS))
+    model = common.chosen_model("lenet")
+    p.add_argument("--model", default="lenet", help="a model named in jax_dp.models.MODELS, or a "
+                   "module path; its options have flags of their own")
     p.add_argument("--devices", type=common.comma_list(int, "counts"), default="1,2,4,8",
                    help="device counts to compare against the single-device reference")
     p.add_argument("--backends", type=common.comma_list(str, "names"), default="pmap",
                    help=f"backends to compare, of {', '.join(backends.BACKENDS)}")
     p.add_argument("--steps", type=int, default=20, help="training steps")
-    p.add_argument("--batch-size", type=int, help="global batch (default: lenet 256, resnet18 16)")
-    p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1)")
+    p.add_argument("--batch-size", type=int, help="global batch (default: lenet 256, resnet18 16, "
+                   "others 256)")
+    p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1, "
+                   "others 0.1)")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
-    p.add_argument("--activation", default="relu", choices=tuple(models.OPTION_CHOICES["activation"]),
-                   help="softplus has no kink for round-off to tip a unit across: no jumps")
+    common.add_model_options(p, model)
     p.add_argument("--seed", type=int, default=0, help="seed of params and batches")
     p.add_argument("--json", type=Path, help="write the full result (per-step divergence) here")
     p.add_argument("--plot", type=Path, help="write a PNG of divergence and throughput here")

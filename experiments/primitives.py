@@ -30,17 +30,18 @@ def main(args) -> None:
     import optax
 
     from jax_dp import models, parallel, step as step_lib
+    from jax_dp.models.lenet import init_lenet, lenet
     from jax_dp.backends import make_backend
 
     devs = devices.get_devices(2)
     print("devices (the book runs nvidia-smi):", jax.devices())
 
-    params = models.init_lenet(jax.random.key(0))
+    params = init_lenet(jax.random.key(0))
     on_device = parallel.get_params(params, devs[:1])
     print("\nLeNet params copied to", on_device["conv1"]["w"].devices(), "shapes:",
           {name: layer["w"].shape[1:] for name, layer in on_device.items()})
     x = jnp.zeros((1, 28, 28, 1))
-    grads = jax.grad(lambda p: models.lenet(p, x).sum())(params)
+    grads = jax.grad(lambda p: lenet(p, x).sum())(params)
     print("gradients come back from jax.grad as a new pytree (nothing is attached to arrays):",
           {name: layer["b"].shape for name, layer in grads.items()})
 

@@ -26,7 +26,7 @@ def main(args) -> None:
     from jax_dp import models
     from jax_dp.measure import profile
 
-    options = {"conv": "auto"} if args.model == "lenet" else {}
+    options = {}
     ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None

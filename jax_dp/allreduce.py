@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
+from jax_dp.backends import check_allreduce
 from jax_dp.errors import ParamError
 from jax_dp.parallel import AXIS, allreduce
 
@@ -51,12 +52,8 @@ ALLREDUCES: dict[str, Callable] = {"psum": allreduce, "star": star_allreduce, "r
 
 
 def get_allreduce(name: str, backend: str) -> Callable:
-    """The all-reduce called name; the hand-made ones are written for pmap's named axis."""
-    if name not in ALLREDUCES:
-        raise ParamError("allreduce", f"unknown {{}} {name!r}: use one of {', '.join(ALLREDUCES)}")
-    if name != "psum" and backend != "pmap":
-        raise ParamError(("allreduce", "backend"), f"{{}} {name} is written for the pmap "
-                         "backend; use {} pmap")
+    """The all-reduce called name (backends.check_allreduce: the hand-made ones need pmap)."""
+    check_allreduce(name, backend)
     return ALLREDUCES[name]
 
 

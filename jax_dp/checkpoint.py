@@ -45,9 +45,10 @@ class Checkpointer:
         meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         field = self.config.resume_conflict(meta["config"])
         if field is not None:
+            saved = {**meta["config"], **meta["config"].get("options", {})}
             raise ParamError((field, field, "checkpoint_dir"), (
                 f"cannot resume: the checkpoint in {self.directory} was written with {{}} "
-                f"{meta['config'].get(field)!r}, this run has {{}} {getattr(self.config, field)!r} "
+                f"{saved.get(field)!r}, this run has {{}} {self.config.fields()[field]!r} "
                 "(only a larger epochs may change): resume with the same values or use another {}"))
         b, target = self.backend, _on_host(self.backend, state, metrics, position)
         arrays = self.manager.restore(step, args=ocp.args.Composite(

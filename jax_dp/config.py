@@ -1,14 +1,14 @@
-"""TrainConfig: everything that defines a training run, validated once, saved whole."""
+"""TrainConfig: everything that defines a training run, validated once, saved whole; no JAX in it."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
-from jax_dp.allreduce import get_allreduce
-from jax_dp.backends import BACKENDS
-from jax_dp.errors import ParamError
-from jax_dp.models import MODEL_OPTIONS, OPTION_CHOICES
+from jax_dp.backends import BACKENDS, check_allreduce
+from jax_dp.errors import ParamError, check_choice
+from jax_dp.models import MODELS
 
 DATA_SOURCES = ("debian", "tfds")
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
@@ -20,13 +20,11 @@ class TrainConfig:
 
     Where things are (data and checkpoint folders) and how the run is watched (progress,
     timeouts, checkpoint interval) are not part of it; the data's content is checked by
-    hash whatever folder it comes from. Only the options that `model` takes are used
-    (`conv` for LeNet, `bn` for ResNet-18).
+    hash whatever folder it comes from. `options` are the model's own (its module's
+    OPTIONS; models.model_options checks them and fills in the defaults when a run starts).
     """
     model: str = "lenet"
-    conv: str = "auto"
-    bn: str = "sync"
-    activation: str = "relu"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
     backend: str = "pmap"
     allreduce: str = "psum"
     devices: int = 1
@@ -41,15 +39,14 @@ class TrainConfig:
     test_examples: int = SIZES["test"]
 
     def __post_init__(self):
-        _one_of("model", self.model, MODEL_OPTIONS)
-        for option in MODEL_OPTIONS[self.model]:
-            _one_of(option, getattr(self, option), OPTION_CHOICES[option])
-        _one_of("backend", self.backend, BACKENDS)
-        get_allreduce(self.allreduce, self.backend)
-        _one_of("data", self.data, DATA_SOURCES)
-        if self.model == "resnet18" and self.bn == "local" and self.backend not in ("pmap", "single"):
-            raise ParamError(("bn", "backend"), "{} local keeps statistics per device, which only "
-                             "{} pmap can hold; use it")
+        if self.model not in MODELS and "." not in self.model:
+            check_choice("model", self.model, tuple(MODELS) + ("a module path",))
+        if not isinstance(self.options, dict):
+            raise ParamError("options", f"{{}} must be a dict of the model's options, got "
+                             f"{self.options!r}")
+        check_choice("backend", self.backend, BACKENDS)
+        check_allreduce(self.allreduce, self.backend)
+        check_choice("data", self.data, DATA_SOURCES)
         _at_least("devices", self.devices, 1)
         if self.backend == "single" and self.devices != 1:
             raise ParamError(("backend", "devices"), f"{{}} single runs on one device, not "
@@ -68,32 +65,26 @@ class TrainConfig:
                 raise ParamError(name, f"{{}} {n} is more than the {size:,} {split} images of "
                                  f"Fashion-MNIST: pass {size} or fewer")
 
-    def model_options(self) -> dict:
-        """The keyword arguments of this config's model factory."""
-        return {name: getattr(self, name) for name in MODEL_OPTIONS[self.model]}
-
     def fields(self) -> dict:
-        """Every field that matters for this model, in order (the others are left out)."""
-        unused = set(OPTION_CHOICES) - set(MODEL_OPTIONS[self.model])
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in unused}
+        """Every field in order, the model's options in place of `options`."""
+        fields = dataclasses.asdict(self)
+        options = fields.pop("options")
+        return {"model": fields.pop("model"), **options, **fields}
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.fields().items())
 
     def resume_conflict(self, saved: dict) -> str | None:
-        """The first field, other than a larger epochs, in which saved (a checkpoint's) differs."""
-        for name, value in dataclasses.asdict(self).items():
+        """The first field or model option, other than a larger epochs, in which saved (a
+        checkpoint's config) differs."""
+        saved = {**saved, **saved.get("options", {})}
+        for name, value in self.fields().items():
             old = saved.get(name)
             if name == "epochs" and isinstance(old, int) and value >= old:
                 continue
             if old != value:
                 return name
         return None
-
-
-def _one_of(name, value, choices):
-    if value not in choices:
-        raise ParamError(name, f"unknown {{}} {value!r}: use one of {', '.join(choices)}")
 
 
 def _at_least(name, value, low):

@@ -11,7 +11,7 @@ import optax
 
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import Backend
-from jax_dp.models import Model
+from jax_dp.models.model import Model
 from jax_dp.parallel import allreduce, reduced
 
 

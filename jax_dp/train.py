@@ -18,7 +18,7 @@ from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.models import get_model
+from jax_dp.models import get_model, model_options
 from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
 
 
@@ -131,8 +131,10 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       host (replica 0)}.
     """
     _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume)
+    config = dataclasses.replace(config, options=model_options(config.model, config.options,
+                                                               config.backend))
     log(f"config: {config}")
-    model, tx, key = get_model(config.model, **config.model_options()), optimizer(config), \
+    model, tx, key = get_model(config.model, **config.options), optimizer(config), \
         jax.random.key(config.seed)
     steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
                        config.allreduce)

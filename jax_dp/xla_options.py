@@ -1,4 +1,4 @@
-"""XLA:CPU options for each model, chosen by measurement (README, "Speed")."""
+"""XLA:CPU options: the YNNPACK fusion sets, and XLA_FLAGS merged with a user's own."""
 
 from __future__ import annotations
 
@@ -8,15 +8,6 @@ YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type"
 # The YNNPACK fusion sets tried: XLA's default, matrix products only, the default less convolutions.
 FUSIONS = {"ynn-default": "", "ynn-dots": f"{YNN_FUSION}=individual_dot",
            "ynn-noconv": f"{YNN_FUSION}=-individual_convolution"}
-# model -> (its conv option on CPU, fusion set): the fastest pair in experiments.benchmark.
-CHOSEN = {"lenet": ("xla", "ynn-dots"), "resnet18": (None, "ynn-noconv")}
-
-
-def cpu_conv(model: str) -> str | None:
-    """The convolution formulation model runs fastest with on XLA:CPU (None: it has one)."""
-    return CHOSEN[model][0]
-
-
 def flag_names(flags: str) -> set[str]:
     """The names of the flags in an XLA_FLAGS string ('--a=1 -b' -> {'a', 'b'})."""
     return set(re.findall(r"(?:^|\s)--?([A-Za-z_]\w*)", flags))
@@ -34,6 +25,6 @@ def merged(ours: str, user: str) -> str:
     return " ".join(filter(None, [without(ours, flag_names(user)), user.strip()]))
 
 
-def cpu_flags(model: str, user: str = "") -> str:
-    """XLA_FLAGS for training model on CPU: the measured choice merged with user's own flags."""
-    return merged(FUSIONS[CHOSEN[model][1]], user)
+def cpu_flags(fusion: str, user: str = "") -> str:
+    """XLA_FLAGS for a model whose CPU_FUSION is fusion (a FUSIONS name), user's flags winning."""
+    return merged(FUSIONS[fusion], user)

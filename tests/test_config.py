@@ -1,24 +1,23 @@
 """TrainConfig: every field validated with a message naming it, printed and compared whole."""
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
+from jax_dp import models
 from jax_dp.config import SIZES, TrainConfig
 from jax_dp.errors import ParamError
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model": "vgg"}, "unknown model 'vgg': use one of lenet, resnet18"),
-    ({"conv": "fft"}, "unknown conv 'fft': use one of xla, im2col, auto"),
-    ({"model": "resnet18", "bn": "global"}, "unknown bn 'global': use one of sync, local"),
-    ({"activation": "tanh"}, "unknown activation 'tanh': use one of relu, softplus"),
+    ({"model": "vgg"}, "unknown model 'vgg': use one of lenet, resnet18, a module path"),
+    ({"options": "conv=xla"}, "options must be a dict of the model's options, got 'conv=xla'"),
     ({"backend": "pjit"}, "unknown backend 'pjit': use one of pmap, shard_map, jit, single"),
     ({"allreduce": "tree"}, "unknown allreduce 'tree': use one of psum, star, ring"),
     ({"allreduce": "ring", "backend": "jit", "devices": 2},
      "allreduce ring is written for the pmap backend; use backend pmap"),
-    ({"model": "resnet18", "bn": "local", "backend": "shard_map"},
-     "bn local keeps statistics per device, which only backend pmap can hold"),
     ({"backend": "single", "devices": 2}, "backend single runs on one device, not 2: pass devices 1"),
     ({"devices": 0}, "devices must be at least 1, got 0"),
     ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
@@ -48,23 +47,75 @@ def test_defaults_are_the_books_lenet_run_on_all_of_fashion_mnist():
         "lenet", 256, 0.2, SIZES["train"], SIZES["test"])
 
 
-def test_a_config_is_frozen_and_prints_every_field_its_model_uses():
-    c = TrainConfig(model="resnet18", devices=2, batch_size=512)
+@pytest.mark.parametrize("model,options,backend,message", [
+    ("lenet", {"conv": "fft"}, "pmap", "unknown conv 'fft': use one of auto, xla, im2col"),
+    ("resnet18", {"bn": "global"}, "pmap", "unknown bn 'global': use one of sync, local"),
+    ("lenet", {"activation": "tanh"}, "pmap", "unknown activation 'tanh': use one of relu, softplus"),
+    ("lenet", {"bn": "sync"}, "pmap", "unknown lenet option 'bn': use one of conv, activation"),
+    ("resnet18", {"bn": "local"}, "shard_map",
+     "bn local keeps statistics per device, which only backend pmap can hold"),
+    ("jax_dp.nowhere", {}, "pmap", "cannot import model 'jax_dp.nowhere'"),
+    ("jax_dp.data", {}, "pmap", "model 'jax_dp.data' is not a model: its module needs OPTIONS"),
+])
+def test_a_bad_model_option_is_refused_by_the_models_declaration(model, options, backend, message):
+    with pytest.raises(ParamError) as e:
+        models.model_options(model, options, backend)
+    assert message in str(e.value)
+
+
+def test_model_options_are_the_declared_defaults_in_order_overridden_by_the_given():
+    assert models.model_options("lenet") == {"conv": "auto", "activation": "relu"}
+    assert models.model_options("resnet18", {"activation": "softplus"}) == {
+        "bn": "sync", "activation": "softplus"}
+    assert models.model_options("resnet18", {"bn": "local"}, "pmap")["bn"] == "local"
+
+
+def test_a_plain_config_imports_neither_jax_nor_flax():
+    code = ("import sys; from jax_dp.config import TrainConfig; TrainConfig(model='resnet18'); "
+            "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "[]\n"
+
+
+def test_a_config_is_frozen_and_prints_every_field_its_model_options_first():
+    c = TrainConfig(model="resnet18", options={"bn": "sync", "activation": "relu"}, devices=2,
+                    batch_size=512)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.lr = 1.0
     text = str(c)
     assert text.startswith("model=resnet18 bn=sync activation=relu backend=pmap")
-    assert "devices=2 batch_size=512" in text and "conv=" not in text
-    assert "conv=auto" in str(TrainConfig()) and "bn=" not in str(TrainConfig())
-    assert c.model_options() == {"bn": "sync", "activation": "relu"}
+    assert "devices=2 batch_size=512" in text and "conv=" not in text and "options" not in text
 
 
-def test_resume_conflict_allows_only_more_epochs():
-    saved = dataclasses.asdict(TrainConfig(epochs=2))
-    assert TrainConfig(epochs=2).resume_conflict(saved) is None
-    assert TrainConfig(epochs=5).resume_conflict(saved) is None
-    assert TrainConfig(epochs=1).resume_conflict(saved) == "epochs"
-    for field, value in [("conv", "xla"), ("activation", "softplus"), ("allreduce", "ring"),
-                         ("test_examples", 100), ("data", "tfds"), ("seed", 1), ("lr", 0.1)]:
-        assert TrainConfig(epochs=2, **{field: value}).resume_conflict(saved) == field
-    assert TrainConfig().resume_conflict({**saved, "bn": "local"}) == "bn"
+SAVED = TrainConfig(options={"conv": "auto", "activation": "relu"}, epochs=2)
+# A value unlike SAVED's for every field and model option.
+OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
+         "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "drop_remainder": True,
+         "data": "tfds", "train_examples": 100, "test_examples": 100}
+
+
+def test_every_field_has_a_differing_value_to_try():
+    assert set(OTHER) | {"options"} == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("field", sorted(OTHER) + ["conv", "activation"])
+def test_a_resume_is_refused_for_a_change_of_any_field_or_model_option(field):
+    """Catches any field exempted from the check (only a larger epochs may change)."""
+    if field in OTHER:
+        changed = dataclasses.replace(SAVED, **{field: OTHER[field]}, **(
+            {"backend": "pmap"} if field == "allreduce" else {}))
+    else:
+        changed = dataclasses.replace(SAVED, options={**SAVED.options, field: "im2col" if field ==
+                                                      "conv" else "softplus"})
+    assert changed.resume_conflict(dataclasses.asdict(SAVED)) == field
+
+
+def test_a_resume_may_only_add_epochs():
+    saved = dataclasses.asdict(SAVED)
+    assert SAVED.resume_conflict(saved) is None
+    assert dataclasses.replace(SAVED, epochs=5).resume_conflict(saved) is None
+    # A checkpoint that names the model's options as fields of their own is read alike.
+    legacy = {**{k: v for k, v in saved.items() if k != "options"}, **SAVED.options}
+    assert SAVED.resume_conflict(legacy) is None
+    assert SAVED.resume_conflict({**legacy, "conv": "xla"}) == "conv"

@@ -86,7 +86,7 @@ def step_and_scan(model_name, batch_size, **options):
     """A model's single-device train step, and the same step under lax.scan over 3 batches."""
     import optax
 
-    from jax_dp import models, train
+    from jax_dp import models, step as step_lib
 
     model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
     state = step_lib.init_state(model, tx, jax.random.key(0))

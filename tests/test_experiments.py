@@ -31,7 +31,7 @@ def test_lenet_prints_the_books_lines_and_writes_the_json(tmp_path):
     assert "\r" not in proc.stderr and "batch" not in proc.stderr, proc.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [runs[i]["config"] for i in (0, 1)] == [dataclasses.asdict(TrainConfig(
-        devices=k, batch_size=64, lr=0.2, epochs=2, train_examples=600, test_examples=300))
+        options={"conv": "auto", "activation": "relu"}, devices=k, batch_size=64, lr=0.2, epochs=2, train_examples=600, test_examples=300))
         for k in (1, 2)]
     assert [e["epoch"] for e in runs[1]["epochs"]] == [1, 2]
     assert set(runs[0]["epochs"][0]) == {"epoch", "time_s", "train_loss", "train_acc", "test_acc"}
@@ -43,7 +43,7 @@ def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
                "--test-examples", "8", "--batch-size", "8,16", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     configs = [r["config"] for r in json.loads(out.read_text())["runs"]]
-    assert [(c["model"], c["bn"], c["devices"], c["batch_size"], c["lr"]) for c in configs] == [
+    assert [(c["model"], c["options"]["bn"], c["devices"], c["batch_size"], c["lr"]) for c in configs] == [
         ("resnet18", "sync", 1, 8, 0.1), ("resnet18", "sync", 2, 16, 0.2)]
 
 
@@ -105,7 +105,7 @@ def test_compare_prints_the_table_and_writes_json_and_plot(tmp_path):
     proc = run("experiments.compare", "--devices", "1,2", "--backends", "pmap,jit", "--steps", "2",
                "--batch-size", "8", "--json", str(out), "--plot", str(plot))
     assert proc.returncode == 0, proc.stderr
-    assert "lenet (relu), global batch 8, lr 0.2, 2 steps, float32" in proc.stdout
+    assert "lenet (conv=auto activation=relu), global batch 8, lr 0.2, 2 steps, float32" in proc.stdout
     assert "| single | 1 | reference |" in proc.stdout and "| jit | 2 | " in proc.stdout
     result = json.loads(out.read_text())
     assert result["reference"] == "single"

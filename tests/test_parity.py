@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jax_dp import data, models
+from jax_dp.models.lenet import init_lenet, lenet
 from jax_dp.measure import parity
 
 from helpers import random_batches
@@ -42,12 +43,12 @@ def test_compare_steps_every_config_in_lockstep_against_the_single_device_step()
 
 
 def test_softplus_replaces_every_relu():
-    params = models.init_lenet(jax.random.key(0))
+    params = init_lenet(jax.random.key(0))
     x = np.random.default_rng(0).random((3, 28, 28, 1), np.float32)
     smooth = models.get_model("lenet", activation="softplus").apply(
         params, {}, x, None, train=True, axis_name=None)[0]
-    np.testing.assert_array_equal(smooth, models.lenet(params, x, act=jax.nn.softplus))
-    assert not np.allclose(smooth, models.lenet(params, x))
+    np.testing.assert_array_equal(smooth, lenet(params, x, act=jax.nn.softplus))
+    assert not np.allclose(smooth, lenet(params, x))
     with pytest.raises(ValueError, match="unknown activation 'tanh': use one of relu, softplus"):
         models.get_model("resnet18", activation="tanh")
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import models, xla_options
+from jax_dp import models
 from jax_dp.measure import benchmark, profile
 
 
@@ -56,7 +56,7 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     result = json.loads(out.read_text())
     ours, theirs = result["jax"], result["torch"]
     # The model as trained: LeNet's convolution on CPU is the chosen one (im2col has none).
-    assert len(ours["convs"]) == (5 if xla_options.cpu_conv("lenet") == "xla" else 0)
+    assert len(ours["convs"]) == (5 if models.model_module("lenet").CPU_CONV == "xla" else 0)
     for kind in ("conv forward", "conv dX", "conv dW"):
         assert ours["by_kind"][kind] == pytest.approx(
             sum(c["ms"] for c in ours["convs"] if c["kind"] == kind)) and ours["by_kind"][kind] > 0

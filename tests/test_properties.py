@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import torch_sgd_step
 
 from jax_dp import data, models, parallel, step as step_lib, train
+from jax_dp.models.lenet import lenet
 from jax_dp.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
@@ -54,7 +55,7 @@ def test_allreduce_on_k_devices_equals_the_numpy_sum(k, shape, seed):
 
 
 def summed_loss(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(models.lenet(params, x), y).sum()
+    return optax.softmax_cross_entropy_with_integer_labels(lenet(params, x), y).sum()
 
 
 # Jitted: run op by op, each new batch size costs seconds of small compilations.

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from jax_dp import data, models, step as step_lib, train
+from jax_dp.models.lenet import lenet
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
@@ -36,7 +37,7 @@ def test_the_step_averages_over_the_global_batch():
     params = LENET.init(jax.random.key(0))[0]
 
     def loss(p, x, y):
-        return optax.softmax_cross_entropy_with_integer_labels(models.lenet(p, x[None]), y[None])[0]
+        return optax.softmax_cross_entropy_with_integer_labels(lenet(p, x[None]), y[None])[0]
 
     grads = jax.jit(jax.vmap(jax.grad(loss), (None, 0, 0)))(params, batch["image"], batch["label"])
     expected = jax.tree.map(lambda p, g: p - 0.5 * g.mean(0), params, grads)

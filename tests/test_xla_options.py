@@ -6,33 +6,38 @@ import sys
 
 import pytest
 
-from jax_dp import xla_options
+from experiments import common
+from jax_dp import models, xla_options
 from jax_dp.xla_options import YNN_FUSION
 
 
-@pytest.mark.parametrize("model", sorted(xla_options.CHOSEN))
+CHOSEN = {name: models.model_module(name).CPU_FUSION for name in models.MODELS}
+
+
+@pytest.mark.parametrize("model", sorted(CHOSEN))
 def test_the_chosen_flags_are_set_when_the_user_sets_none(model):
-    assert xla_options.cpu_flags(model) == xla_options.FUSIONS[xla_options.CHOSEN[model][1]]
+    assert common.xla_flags(model, "") == xla_options.FUSIONS[CHOSEN[model]]
+    assert set(CHOSEN.values()) == {"ynn-dots", "ynn-noconv"}  # docs/speed.md's choice.
 
 
 def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
     user = f"--xla_cpu_use_onednn=true {YNN_FUSION}=individual_convolution"
-    for model in xla_options.CHOSEN:
-        assert xla_options.cpu_flags(model, user).split() == user.split()
+    for fusion in xla_options.FUSIONS:
+        assert xla_options.cpu_flags(fusion, user).split() == user.split()
 
 
 @pytest.mark.parametrize("user", [f"-{YNN_FUSION.lstrip('-')}=individual_convolution",
                                   f'--xla_dump_to="/tmp/a  b" {YNN_FUSION}=dot --xla_cpu_use_onednn'])
 def test_the_users_string_is_kept_as_written(user):
     """Catches a merge that re-splits the user's quoted values or misses a single-dash flag."""
-    for model in xla_options.CHOSEN:
-        assert xla_options.cpu_flags(model, user) == user
+    for fusion in xla_options.FUSIONS:
+        assert xla_options.cpu_flags(fusion, user) == user
 
 
 def test_chosen_flags_come_before_the_users_other_flags(monkeypatch):
     """Catches a choice that drops the user's flags, or is dropped although the user did not set it."""
-    monkeypatch.setitem(xla_options.CHOSEN, "lenet", ("im2col", "ynn-dots"))
-    assert xla_options.cpu_flags("lenet", "--xla_cpu_use_onednn=true") == \
+    monkeypatch.setattr(models.model_module("lenet"), "CPU_FUSION", "ynn-dots")
+    assert common.xla_flags("lenet", "--xla_cpu_use_onednn=true") == \
         f"{YNN_FUSION}=individual_dot --xla_cpu_use_onednn=true"
 
 
@@ -60,7 +65,7 @@ def test_flags_set_after_jax_is_imported_still_reach_xla():
         assert proc.returncode == 0, proc.stderr
         return int(proc.stdout.split()[-1])
 
-    chosen = xla_options.cpu_flags("lenet")
+    chosen = common.xla_flags("lenet", "")
     assert fusions("late", "") == fusions("early", chosen) != fusions("early", "")
 
 
@@ -72,5 +77,5 @@ def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
                            "--epochs", "1", "--train-examples", "64", "--test-examples", "64",
                            "--batch-size", "64"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    want = xla_options.cpu_flags("lenet", user) or "(none)"
+    want = common.xla_flags("lenet", user) or "(none)"
     assert f"XLA_FLAGS: {want}\n" in proc.stdout

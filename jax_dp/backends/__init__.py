@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import jax
+from jax_dp.errors import ParamError, check_choice
 
-from jax_dp.errors import check_choice
+if TYPE_CHECKING:
+    import jax
 
 # pmap is the book's; single, one device with no collectives, is the reference.
 BACKENDS = ("pmap", "shard_map", "jit", "single")
+# How gradients are summed: lax.psum, or jax_dp.allreduce's hand-made star and ring.
+ALLREDUCES = ("psum", "star", "ring")
+
+
+def check_allreduce(name: str, backend: str) -> None:
+    """Refuse an unknown all-reduce, and a hand-made one (written for pmap's axis) elsewhere."""
+    check_choice("allreduce", name, ALLREDUCES)
+    if name != "psum" and backend != "pmap":
+        raise ParamError(("allreduce", "backend"), f"{{}} {name} is written for the pmap "
+                         "backend; use {} pmap")
 
 
 class Backend:

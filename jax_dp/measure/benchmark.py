@@ -14,7 +14,7 @@ import optax
 from jax_dp import data, dispatch, modes, step as step_lib
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import make_backend
-from jax_dp.models import Model
+from jax_dp.models.model import Model
 
 
 def matmul_ceiling(n: int = 2048, repeats: int = 7) -> float:

@@ -13,7 +13,7 @@ import optax
 from jax_dp import step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
-from jax_dp.models import Model
+from jax_dp.models.model import Model
 
 
 def max_rel_diff(tree: Any, reference: Any) -> float:

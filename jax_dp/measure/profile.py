@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from jax_dp.measure import benchmark
-from jax_dp.models import Model
+from jax_dp.models.model import Model
 
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
 KINDS = ("conv forward", "conv dX", "conv dW", "rest")

@@ -6,10 +6,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_dp import xla_options
 from jax_dp.conv import conv
-from jax_dp.errors import ParamError
-from jax_dp.models.model import Model, get_activation
+from jax_dp.models.model import ACTIVATION, ACTIVATIONS, Model, Option
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -62,24 +60,26 @@ def lenet(params: Params, X: jax.Array, conv=conv2d, act=jax.nn.relu) -> jax.Arr
     return h @ params["fc2"]["w"] + params["fc2"]["b"]
 
 
-def _auto_conv(x, layer):
-    # Chosen while tracing, when the backend is known: on XLA:CPU the measured fastest.
-    cpu = CONVS[xla_options.cpu_conv("lenet")]
-    return (cpu if jax.default_backend() == "cpu" else conv2d)(x, layer)
+CONVS = {"xla": conv2d, "im2col": conv2d_im2col}
+# On XLA:CPU, measured fastest (experiments.benchmark, docs/speed.md): the convolution, and
+# the YNNPACK fusion set (xla_options.FUSIONS) the experiments set for this model.
+CPU_CONV, CPU_FUSION = "xla", "ynn-dots"
+
+OPTIONS = (
+    Option("conv", "auto", ("auto", *CONVS),
+           "convolution: lax.conv ('xla', the readable one), or one matrix product per layer "
+           "('im2col'); auto: the fastest measured on CPU, xla elsewhere"),
+    ACTIVATION,
+)
 
 
-CONVS = {"xla": conv2d, "im2col": conv2d_im2col, "auto": _auto_conv}
-
-
-def lenet_model(conv: str = "xla", activation: str = "relu") -> Model:
-    """LeNet as a Model; conv 'xla' (jax_dp.conv), 'im2col' (one matrix product) or 'auto'
-    (on CPU the measured fastest, xla_options.CHOSEN; elsewhere xla); activation 'relu' or
-    'softplus'."""
-    if conv not in CONVS:
-        raise ParamError("conv", f"unknown {{}} {conv!r}: use one of {', '.join(CONVS)}")
-    act = get_activation(activation)
+def make(conv: str = "auto", activation: str = "relu") -> Model:
+    """LeNet as a Model (OPTIONS: conv 'auto' picks CPU_CONV on XLA:CPU, xla elsewhere)."""
+    act = ACTIVATIONS[activation]
 
     def apply(params, state, x, mask, *, train, axis_name):
-        return lenet(params, x, CONVS[conv], act), state
+        # 'auto' is resolved when the step is traced: a model is made before JAX's backend starts.
+        chosen = conv if conv != "auto" else CPU_CONV if jax.default_backend() == "cpu" else "xla"
+        return lenet(params, x, CONVS[chosen], act), state
 
     return Model(init=lambda key: (init_lenet(key), {}), apply=apply)

@@ -6,19 +6,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from jax_dp.errors import ParamError
-
-# ReLU as in the book; softplus is a kink-free stand-in for parity experiments: float32
-# round-off can tip a ReLU input across zero on one device count and not on another.
-ACTIVATIONS = {"relu": jax.nn.relu, "softplus": jax.nn.softplus}
-
-
-def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
-    """The activation function called name ('relu' or 'softplus')."""
-    if name not in ACTIVATIONS:
-        raise ParamError("activation", f"unknown {{}} {name!r}: use one of {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
-
 
 class Model(NamedTuple):
     """init(key) -> (params, state); apply(params, state, x, mask, *, train, axis_name) -> (logits, state).
@@ -29,3 +16,19 @@ class Model(NamedTuple):
     """
     init: Callable[[jax.Array], tuple[Any, Any]]
     apply: Callable[..., tuple[jax.Array, Any]]
+
+
+class Option(NamedTuple):
+    """An option a model module declares: the command lines make it a flag --name."""
+    name: str
+    default: str
+    choices: tuple[str, ...]
+    help: str
+
+
+# ReLU as in the book; softplus is a kink-free stand-in for parity experiments: float32
+# round-off can tip a ReLU input across zero on one device count and not on another.
+ACTIVATIONS = {"relu": jax.nn.relu, "softplus": jax.nn.softplus}
+ACTIVATION = Option("activation", "relu", tuple(ACTIVATIONS),
+                    "relu (the book's), or softplus, which has no kink for round-off to tip a "
+                    "unit across")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax_dp.conv import flax_conv
 from jax_dp.errors import ParamError
 from jax_dp.models.batch_norm import normalize
-from jax_dp.models.model import Model, get_activation
+from jax_dp.models.model import ACTIVATION, ACTIVATIONS, Model, Option
 
 # The book's initialisation, Normal(0, 0.01) for every convolution and dense weight,
 # biases zero; BatchNorm after each convolution keeps the signal alive despite the scale.
@@ -93,17 +93,28 @@ class ResNet(nn.Module):
         return nn.Dense(self.num_classes, kernel_init=conv_init)(x)
 
 
-# sync: statistics of the global batch (one all-reduce); local: of each device's shard (the book's).
-BN_MODES = ("sync", "local")
-
 ResNet18 = partial(ResNet, stage_channels=(64, 128, 256, 512), blocks_per_stage=2)
 
+OPTIONS = (
+    Option("bn", "sync", ("sync", "local"),
+           "BatchNorm statistics of the global batch (sync) or of each device's shard "
+           "(local, the book's)"),
+    ACTIVATION,
+)
+# The YNNPACK fusion set (xla_options.FUSIONS) measured fastest on XLA:CPU (docs/speed.md).
+CPU_FUSION = "ynn-noconv"
 
-def resnet18(bn: str = "sync", num_classes: int = 10, activation: str = "relu") -> Model:
-    """ResNet-18 as a Model; bn='sync' uses global-batch statistics, 'local' per-device ones."""
-    if bn not in BN_MODES:
-        raise ParamError("bn", f"unknown {{}} {bn!r}: use one of {', '.join(BN_MODES)}")
-    act = get_activation(activation)
+
+def check(options: dict, backend: str) -> None:
+    """Refuse per-device statistics on a backend that keeps one copy of the model state."""
+    if options["bn"] == "local" and backend not in ("pmap", "single"):
+        raise ParamError(("bn", "backend"), "{} local keeps statistics per device, which only "
+                         "{} pmap can hold; use it")
+
+
+def make(bn: str = "sync", activation: str = "relu", num_classes: int = 10) -> Model:
+    """ResNet-18 as a Model (OPTIONS: bn 'sync' uses global-batch statistics, 'local' per-device ones)."""
+    act = ACTIVATIONS[activation]
 
     def init(key):
         variables = ResNet18(num_classes=num_classes, act=act).init(

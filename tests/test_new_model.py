@@ -1,0 +1,62 @@
+"""A model of one's own: one module, trained, resumed and compared through the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jax_dp import models, train
+from jax_dp.config import TrainConfig
+from jax_dp.errors import ParamError
+
+MLP = "tests.tiny_mlp"  # tests/tiny_mlp.py, importable from the repository's root.
+FLAGS = ["--model", MLP, "--hidden", "16", "--train-examples", "2048", "--test-examples", "256",
+         "--batch-size", "64", "--no-progress"]
+
+
+def cli(*flags):
+    return subprocess.run([sys.executable, "-m", "experiments.train", *flags], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+
+
+def untimed(path):
+    return [{k: v for k, v in e.items() if k != "time_s"}
+            for run in json.loads(path.read_text())["runs"] for e in run["epochs"]]
+
+
+def test_a_model_module_trains_on_k_devices_and_resumes_through_the_cli(tmp_path):
+    straight, resumed, ckpt = tmp_path / "straight.json", tmp_path / "resumed.json", tmp_path / "ckpt"
+    proc = cli(*FLAGS, "--devices", "2", "--epochs", "2", "--json", str(straight))
+    assert proc.returncode == 0, proc.stderr
+    assert f"config: model={MLP} hidden=16 activation=relu backend=pmap" in proc.stdout
+    assert cli(*FLAGS, "--devices", "2", "--epochs", "1", "--checkpoint-dir", str(ckpt)).returncode == 0
+    proc = cli(*FLAGS, "--devices", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
+               "--json", str(resumed))
+    assert proc.returncode == 0, proc.stderr
+    assert "at epoch 2, step 0" in proc.stdout
+    assert untimed(resumed) == untimed(straight)
+    assert untimed(straight)[-1]["test_acc"] > 0.5  # It learns: 10 classes, chance is 0.1.
+
+
+def test_its_options_are_flags_and_a_bad_value_is_one_line():
+    proc = cli("--model", MLP, "--help")
+    assert proc.returncode == 0 and "--hidden {16,32,64}" in proc.stdout
+    proc = cli("--model", MLP, "--hidden", "48")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "argument --hidden: invalid choice: '48'" in proc.stderr
+    proc = cli("--model", "tests.no_such_model")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "cannot import --model 'tests.no_such_model'" in proc.stderr
+
+
+def test_one_registry_line_gives_it_a_short_name(monkeypatch):
+    monkeypatch.setitem(models.MODELS, "mlp", MLP)
+    assert models.model_options("mlp") == {"hidden": "32", "activation": "relu"}
+    with pytest.raises(ParamError, match="unknown hidden '8': use one of 16, 32, 64"):
+        models.get_model("mlp", hidden="8")
+    params, state = models.get_model("mlp", hidden="64").init(__import__("jax").random.key(0))
+    assert params["w1"].shape == (784, 64) and state == {}
+    assert TrainConfig(model="mlp").model == "mlp"
+    assert train  # The run loop needs nothing else: the CLI test above trains it.
