@@ -104,7 +104,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     p.add_argument("--steps-per-call", type=int,
                    help="training steps per compiled call, run under lax.scan with the "
                         "training split on the devices (default: the platform's measured best, "
-                        "see README); checkpoints and signals then act between calls")
+                        "see docs/speed.md); checkpoints and signals then act between calls")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],

@@ -1,7 +1,7 @@
 """Where does a training step's time go, convolution by convolution, against PyTorch's ops?
 
 Run: `python -m experiments.profile --model lenet --peer torch` times one single-device step
-of batch 256 under the model's XLA options (README, "Speed"), then each op inside it (XLA:CPU's
+of batch 256 under the model's XLA options (docs/speed.md), then each op inside it (XLA:CPU's
 profiler events), each convolution of the compiled step alone, and PyTorch's step under its
 profiler, grouped the same way.
 """

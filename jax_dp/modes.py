@@ -17,7 +17,7 @@ from jax_dp.errors import ParamError
 from jax_dp.step import Steps
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
-# LeNet equally fast (README, "Speed"), so checkpoints and signals keep one-step granularity.
+# LeNet equally fast (docs/speed.md), so checkpoints and signals keep one-step granularity.
 # GPU: not yet measured (no GPU here); 16 steps hide the per-step dispatch of a short step.
 STEPS_PER_CALL = {"cpu": 1, "gpu": 16}
 

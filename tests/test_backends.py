@@ -85,15 +85,37 @@ def assert_is_numpys_accuracy(accuracy, params, split):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_backend_trains_and_reports_the_accuracy_of_its_final_params(backend):
-    """Catches a backend whose train() loop or evaluation differs from pmap's: its params
-    after two epochs equal pmap's, and its accuracy is a numpy forward pass's."""
+    """Catches a backend whose train() loop or evaluation differs from one device's: its params
+    after two epochs on 4 devices equal the single backend's, and its accuracy is a numpy
+    forward pass's."""
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((37, 28, 28, 1), np.float32), rng.integers(0, 10, 37).astype(np.int32))
-    runs = [train.train(TrainConfig(backend=b, devices=4, batch_size=10, lr=0.3, epochs=2,
+    runs = [train.train(TrainConfig(backend=b, devices=k, batch_size=10, lr=0.3, epochs=2,
                                     train_examples=37, test_examples=37), split, split,
-                        log=lambda _: None) for b in ("pmap", backend)]
+                        log=lambda _: None) for b, k in (("single", 1), (backend, 4))]
+    assert [e["train_loss"] for e in runs[1]["epochs"]] == pytest.approx(
+        [e["train_loss"] for e in runs[0]["epochs"]], rel=1e-5)
     assert parity.max_rel_diff(runs[1]["state"].params, runs[0]["state"].params) <= 1e-6
     assert_is_numpys_accuracy(runs[1]["epochs"][-1]["test_acc"], runs[1]["state"].params, split)
+
+
+@pytest.mark.parametrize("scheme", sorted(allreduce.ALLREDUCES))
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+def test_every_allreduce_gives_every_device_the_exact_sum(scheme, k):
+    """Catches a star or ring that adds where it should set, drops a device's share, or
+    misplaces a chunk: in float64, on sizes that do (24) and do not (1, 7, 1003) divide
+    into k chunks, each device gets the sum to round-off."""
+    rng = np.random.default_rng(k)
+    tree = {"a": rng.normal(size=(k, 1)), "b": rng.normal(size=(k, 7)),
+            "c": rng.normal(size=(k, 24)), "d": rng.normal(size=(k, 1003))}
+    with jax.enable_x64(True):
+        out = jax.pmap(allreduce.ALLREDUCES[scheme], axis_name=parallel.AXIS,
+                       devices=get_devices(k))(tree)
+    for name, x in tree.items():
+        bound = 2 * (k - 1) * np.finfo(np.float64).eps * np.abs(x).sum(0) + 1e-300
+        assert out[name].dtype == np.float64
+        for replica in np.asarray(out[name]):
+            assert np.all(np.abs(replica - x.sum(0)) <= bound), (name, replica - x.sum(0))
 
 
 def hlo_bytes_sent(scheme, size, k):

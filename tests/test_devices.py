@@ -36,7 +36,7 @@ def test_setup_devices_gives_one_set_per_count():
 
 
 def test_more_simulated_devices_than_xlas_collective_threads_are_refused():
-    """Catches the limit moving: 256 trains (measured, README), 257 waits forever in XLA."""
+    """Catches the limit moving: 256 trains (measured, docs/robustness.md), 257 waits forever in XLA."""
     devices.check_simulated(256)
     with pytest.raises(ValueError, match="devices 257 is more than the 256 CPU devices XLA can "
                                          "simulate in one process"):

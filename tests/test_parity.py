@@ -56,7 +56,7 @@ def test_softplus_replaces_every_relu():
 # Without ReLU's kink, float32 round-off cannot switch a unit on for one device count and off
 # for another, so k devices stay within re-association round-off of one device. With ReLU the
 # same runs measure up to 3.5e-6 (LeNet, k=8, step 18) and 7.6e-4 (ResNet-18, k=8) here: one
-# ReLU input within 1e-10 of zero lands on the other side (README, "k devices against one").
+# ReLU input within 1e-10 of zero lands on the other side (docs/parity.md).
 def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train_6k):
     batches = list(data.batches(data.Split(fashion_train_6k.images[:20 * 256],
                                            fashion_train_6k.labels[:20 * 256]), 256))

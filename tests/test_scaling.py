@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jax_dp import allreduce
 from jax_dp.measure import hardware, scaling
 from jax_dp.errors import ParamError
 from jax_dp.measure.scaling import Link
@@ -38,15 +37,21 @@ def test_the_compute_line_is_least_squares():
     assert line(0) == pytest.approx(0.002, abs=1e-3) and line.slope == pytest.approx(0.00054, rel=0.05)
 
 
-@pytest.mark.parametrize("k", [2, 3, 4, 8])
-def test_ring_and_star_byte_counts_are_the_allreduce_modules(k):
-    """The model charges the bytes jax_dp.allreduce's own ring and star send (its HLO test
-    measures those): the ring's per device, the star's device 0 twice (in, then out)."""
-    n_bytes = 4 * 1003
-    assert scaling.busiest_link("ring", n_bytes, k) == (2 * (k - 1), allreduce.bytes_sent("ring", 1003, k)[0])
-    assert scaling.busiest_link("psum", n_bytes, k) == scaling.busiest_link("ring", n_bytes, k)
-    assert scaling.busiest_link("star", n_bytes, k) == (2 * (k - 1), 2 * (k - 1) * n_bytes)
-    assert scaling.busiest_link("ring", n_bytes, 1) == (0, 0)
+# 1003 floats by hand: the ring cuts ceil(1003 / k) floats a chunk and passes one chunk in
+# each of its 2(k - 1) rounds; the star's device 0 takes in k - 1 gradients, then sends k - 1.
+BY_HAND = {2: (2, 2 * 502 * 4, 2, 2 * 4012), 3: (4, 4 * 335 * 4, 4, 4 * 4012),
+           4: (6, 6 * 251 * 4, 6, 6 * 4012), 8: (14, 14 * 126 * 4, 14, 14 * 4012)}
+
+
+@pytest.mark.parametrize("k", sorted(BY_HAND))
+def test_ring_and_star_busiest_links_are_the_counts_by_hand(k):
+    """Catches a model that charges the wrong bytes or rounds; the allreduce module's HLO
+    test checks that its own ring and star send these."""
+    ring_messages, ring_bytes, star_messages, star_bytes = BY_HAND[k]
+    assert scaling.busiest_link("ring", 4 * 1003, k) == (ring_messages, ring_bytes)
+    assert scaling.busiest_link("psum", 4 * 1003, k) == (ring_messages, ring_bytes)
+    assert scaling.busiest_link("star", 4 * 1003, k) == (star_messages, star_bytes)
+    assert scaling.busiest_link("ring", 4 * 1003, 1) == scaling.busiest_link("star", 4 * 1003, 1) == (0, 0)
 
 
 def test_a_step_by_hand():

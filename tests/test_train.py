@@ -78,6 +78,7 @@ def test_evaluation_counts_all_10000_test_examples(fashion_test, k, batch_size):
     assert totals["correct"] == 1_000  # Exactly the test set's 1,000 images of class 7.
 
 
+@pytest.mark.timeout(300)  # About 30 s; a deadlock would otherwise wait for the global 900 s.
 def test_1000_pmapped_steps_on_8_devices_finish():
     # XLA:CPU's all-reduce rendezvous can deadlock if the host queues steps without
     # ever waiting; the loop bounds what is in flight, so this must simply finish.

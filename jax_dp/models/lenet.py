@@ -39,7 +39,7 @@ def conv2d_im2col(x: jax.Array, layer: dict) -> jax.Array:
 
     Each output pixel's kh x kw x C input window becomes one row; the weights become a
     (kh kw C) x O matrix, so its gradients are plain matrix products too (against
-    conv2d on XLA:CPU: README, "Speed").
+    conv2d on XLA:CPU: docs/speed.md).
     """
     kh, kw, c, o = layer["w"].shape
     h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
