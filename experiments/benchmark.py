@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 from experiments import common
+from jax_dp.config import SIZES
 
 # How each model's convolutions can be written (its model options).
 FORMULATIONS = {"lenet": {"readable": {"conv": "xla"}, "im2col": {"conv": "im2col"}},
                 "resnet18": {"canonical": {}}}
 DEFAULTS = {"lenet": {"devices": "1,2,4,8", "steps": 100, "batch_size": 256},
             "resnet18": {"devices": "1,2", "steps": 3, "batch_size": 256}}
-EPOCH = 60_000
 
 
 def paths(model: str) -> dict[str, tuple[dict, str]]:
@@ -110,7 +110,7 @@ def main(args) -> None:
     for row in rows:
         step_s = float(np.median(row["step_s"]))
         row.update(step_s_median=step_s, images_per_s=batch_size / step_s,
-                   epoch_s=EPOCH / batch_size * step_s,
+                   epoch_s=SIZES["train"] / batch_size * step_s,
                    fraction_of_ceiling=flops / step_s / 1e9 / ceiling)
         if peer:
             row["time_vs_peer"] = step_s / float(np.median(peer["step_s"]))

@@ -22,14 +22,14 @@ import tempfile
 from pathlib import Path
 
 from experiments import common
+from jax_dp.backends import ALLREDUCES
+from jax_dp.config import SIZES
 
 HERE = Path(__file__).parent
 DEFAULTS = {"lenet": {"batch_size": 256, "steps": 20}, "resnet18": {"batch_size": 64, "steps": 2}}
 BOOK = {"lenet": {"batch_size": 256, "lr": 0.2, "weak": False, "seconds": {1: 1.6, 2: 2.4}},
         "resnet18": {"batch_size": 256, "lr": 0.1, "weak": True, "seconds": {1: 13.6, 2: 7.0}}}
-EPOCH = 60_000
 CURVE_DEVICES = (1, 2, 4, 8, 16, 32, 64)
-SCHEMES = ("psum", "ring", "star")
 
 
 # --- Workers: each runs in its own process, pinned to its cores, and writes JSON to spec["out"].
@@ -64,7 +64,7 @@ def measure_devices(spec: dict, model, devs) -> dict:
     from jax_dp.measure import benchmark
 
     allreduces = [{"scheme": s, "bytes": n, "seconds": benchmark.time_allreduce(s, n // 4, devs)}
-                  for s in SCHEMES for n in spec["sizes"]] if len(devs) > 1 else []
+                  for s in ALLREDUCES for n in spec["sizes"]] if len(devs) > 1 else []
     split = data.load_fashion_mnist("train", limit=spec["steps"] * spec["batch_size"])
     timed = benchmark.time_steps(model, "pmap", devs, list(data.batches(split, spec["batch_size"])),
                                  spec["repeats"])
@@ -225,8 +225,8 @@ def book(hw, shapes: dict) -> dict:
         def epoch(k, fixed=0.0):
             per_device, global_batch = (b["batch_size"], b["batch_size"] * k) if b["weak"] else \
                 (b["batch_size"] / k, b["batch_size"])
-            return math.ceil(EPOCH / global_batch) * (step(per_device, k) + fixed)
-        extra = b["seconds"][1] / math.ceil(EPOCH / b["batch_size"]) - step(b["batch_size"], 1)
+            return math.ceil(SIZES["train"] / global_batch) * (step(per_device, k) + fixed)
+        extra = b["seconds"][1] / math.ceil(SIZES["train"] / b["batch_size"]) - step(b["batch_size"], 1)
         out[name] = {"book_s": b["seconds"], "profile_s": {k: epoch(k) for k in (1, 2)},
                      "offset_s": extra,
                      "calibrated_s": {k: epoch(k, extra) for k in (1, 2)}}

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from jax_dp import fashion_mnist
-from jax_dp.errors import ParamError
+from jax_dp.config import DATA_SOURCES
+from jax_dp.errors import ParamError, check_choice
 
 
 class Split(NamedTuple):
@@ -62,16 +63,11 @@ def _tfds_builder(data_dir):
 def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
                        source_dir=fashion_mnist.DEBIAN_DIR, limit: int | None = None) -> Split:
     """Load a whole split ('train' or 'test'), preparing the TFDS data on first use."""
-    if split not in fashion_mnist.SPLITS:
-        raise ValueError(f"unknown split {split!r}: use 'train' or 'test'")
+    check_choice("split", split, tuple(fashion_mnist.SPLITS))
     data_dir = data_dir or default_data_dir()
     absl.logging.set_verbosity(absl.logging.ERROR)  # TFDS's info and warnings are not for users.
-    if source == "debian":
-        builder = _prepared_builder(data_dir, source_dir)
-    elif source == "tfds":
-        builder = _tfds_builder(data_dir)
-    else:
-        raise ParamError("data", f"unknown {{}} source {source!r}: use 'debian' or 'tfds'")
+    check_choice("data", source, DATA_SOURCES)
+    builder = _prepared_builder(data_dir, source_dir) if source == "debian" else _tfds_builder(data_dir)
     records = builder.as_data_source(split=split)
     n = len(records) if limit is None else min(limit, len(records))
     if n < 1:

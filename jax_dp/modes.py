@@ -60,7 +60,7 @@ class HostBatches:
 
 
 class DeviceCalls:
-    """steps_per_call steps per compiled call, under lax.scan, the training split held on the
+    """steps_per_call steps per compiled call, under lax.scan, the training examples held on the
     devices and each batch gathered there by index (the same numbers as HostBatches)."""
 
     def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
@@ -68,9 +68,9 @@ class DeviceCalls:
         self.backend, self.train_data = steps.backend, train_data
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.steps_per_call = steps_per_call
-        self.split = self.backend.replicate(on_device(train_data))
+        self.examples = self.backend.replicate(on_device(train_data))
         self.run = self.backend.compile(scanned(steps.train), donate_argnums=(0,))
-        self.calls: dict[int, Callable] = {}
+        self.compiled: dict[int, Callable] = {}  # Steps in a call -> its compiled run.
 
     def compile(self, state, metrics, start: int) -> None:
         """Compile a call for each number of steps the epoch's calls take, a resumed one's too."""
@@ -79,8 +79,8 @@ class DeviceCalls:
                                      self.drop_remainder)
         lengths = {min(self.steps_per_call, per_epoch - first) for begin in {0, start}
                    for first in range(begin, per_epoch, self.steps_per_call)}
-        self.calls = {n: self.backend.precompile(self.run, state, metrics, self.split,
-                                                 self.backend.shard(_zero_call(size, n)))
+        self.compiled = {n: self.backend.precompile(self.run, state, metrics, self.examples,
+                                                    self.backend.shard(_zero_call(size, n)))
                       for n in lengths}
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
@@ -91,7 +91,7 @@ class DeviceCalls:
             yield call["mask"].shape[1], self.backend.shard(call)
 
     def __call__(self, state, metrics, call):
-        return self.calls[call["mask"].shape[-1]](state, metrics, self.split, call)
+        return self.compiled[call["mask"].shape[-1]](state, metrics, self.examples, call)
 
 
 def make_mode(steps: Steps, train_data: data.Split, batch_size: int, drop_remainder: bool,
@@ -131,13 +131,13 @@ def _zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
 
 
 def scanned(step: Callable) -> Callable:
-    """step(state, metrics, batch) as run(state, metrics, split, call): call's steps, in
-    order, under one lax.scan, each batch gathered from split (on_device's) by index."""
-    def run(state, metrics, split, call):
+    """step(state, metrics, batch) as run(state, metrics, examples, call): call's steps, in
+    order, under one lax.scan, each batch gathered from examples (on_device's) by index."""
+    def run(state, metrics, examples, call):
         def body(carry, xs):
             index, mask = xs
-            batch = {"image": jnp.take(split["image"], index, axis=0),
-                     "label": jnp.take(split["label"], index, axis=0), "mask": mask}
+            batch = {"image": jnp.take(examples["image"], index, axis=0),
+                     "label": jnp.take(examples["label"], index, axis=0), "mask": mask}
             return step(*carry, batch), None
 
         (state, metrics), _ = lax.scan(body, (state, metrics), (call["index"].T, call["mask"].T))

@@ -71,7 +71,7 @@ def test_a_missing_file_is_named(source_copy):
 def test_unknown_split_and_source_are_refused():
     with pytest.raises(ValueError, match="unknown split 'valid'"):
         data.load_fashion_mnist("valid")
-    with pytest.raises(ValueError, match="unknown data source 'web'"):
+    with pytest.raises(ValueError, match="unknown data 'web': use one of debian, tfds"):
         data.load_fashion_mnist("test", source="web")
 
 

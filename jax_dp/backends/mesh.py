@@ -18,7 +18,7 @@ class MeshBackend(Backend):
     def __init__(self, devices):
         super().__init__(devices)
         self.mesh = Mesh(np.array(self.devices), (AXIS,))
-        self.replicated, self.split = NamedSharding(self.mesh, P()), NamedSharding(self.mesh, P(AXIS))
+        self.replicated, self.sharded = NamedSharding(self.mesh, P()), NamedSharding(self.mesh, P(AXIS))
 
     def replicate(self, tree: Any) -> Any:
         """Every leaf, whole, on every device (each process passes the same host values)."""
@@ -32,7 +32,7 @@ class MeshBackend(Backend):
         def place(x):
             x = np.asarray(x)
             size = len(x) // processes
-            return jax.make_array_from_process_local_data(self.split, x[me * size:(me + 1) * size],
+            return jax.make_array_from_process_local_data(self.sharded, x[me * size:(me + 1) * size],
                                                           x.shape)
         return jax.tree.map(place, batch)
 

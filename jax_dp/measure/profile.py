@@ -57,13 +57,10 @@ def convolutions(hlo_text: str) -> list[dict]:
 
 
 def _median_ms(fn: Callable, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    """Median milliseconds of fn(*args) after one untimed call."""
+    run = lambda: jax.block_until_ready(fn(*args))
+    run()
+    return 1e3 * benchmark.median_s(run, repeats)
 
 
 def alternate(first: Callable[[], Any], second: Callable[[], Any],

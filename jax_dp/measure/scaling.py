@@ -8,10 +8,10 @@ import numpy as np
 
 from jax_dp.allreduce import bytes_sent
 from jax_dp.devices import check_count
-from jax_dp.errors import ParamError
+from jax_dp.backends import ALLREDUCES
+from jax_dp.errors import ParamError, check_choice
 
 # psum is modelled as a ring: what NCCL and gloo run for large messages.
-SCHEMES = ("psum", "ring", "star")
 
 
 class Link(NamedTuple):
@@ -65,8 +65,7 @@ def busiest_link(scheme: str, n_bytes: int, k: int) -> tuple[int, int]:
     ring: 2(k-1) rounds, each sending a chunk while receiving one (full duplex);
     star: device 0 receives k-1 gradients, then sends k-1 sums: twice what it sends.
     """
-    if scheme not in SCHEMES:
-        raise ParamError("scheme", f"unknown {{}} {scheme!r}: use one of {', '.join(SCHEMES)}")
+    check_choice("scheme", scheme, ALLREDUCES)
     if k == 1:
         return 0, 0
     floats = -(-n_bytes // 4)

@@ -51,10 +51,10 @@ def _avg_pool(x):
     return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
 
 
-def lenet(params: Params, X: jax.Array, conv=conv2d, act=jax.nn.relu) -> jax.Array:
-    """Logits [B, 10] for images X [B, 28, 28, 1]; conv is conv2d or conv2d_im2col, act the ReLU."""
-    h = _avg_pool(act(conv(X, params["conv1"])))              # [B, 13, 13, 20]
-    h = _avg_pool(act(conv(h, params["conv2"])))              # [B, 4, 4, 50]
+def lenet(params: Params, X: jax.Array, convolve=conv2d, act=jax.nn.relu) -> jax.Array:
+    """Logits [B, 10] for images X [B, 28, 28, 1]; convolve is conv2d or conv2d_im2col, act the ReLU."""
+    h = _avg_pool(act(convolve(X, params["conv1"])))          # [B, 13, 13, 20]
+    h = _avg_pool(act(convolve(h, params["conv2"])))          # [B, 4, 4, 50]
     h = h.reshape(h.shape[0], -1)                             # [B, 800]
     h = act(h @ params["fc1"]["w"] + params["fc1"]["b"])
     return h @ params["fc2"]["w"] + params["fc2"]["b"]
