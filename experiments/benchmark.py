@@ -78,7 +78,7 @@ def main(args) -> None:
     from jax_dp.measure import benchmark
 
     common.check_writable(args.json)
-    common.check_writable(args.plot)
+    common.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
     devices = args.devices or common.comma_list(int, "counts")(d["devices"])
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]

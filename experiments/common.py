@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable
@@ -155,8 +156,9 @@ def chosen_model(default: str) -> str:
 def configs(args) -> list:
     """One TrainConfig per run: every field from its flag; devices, batch size and lr per run."""
     from jax_dp import models
-    from jax_dp.config import TrainConfig
+    from jax_dp.config import TrainConfig, check_step_timeout
 
+    check_step_timeout(args.step_timeout)
     if args.base_batch_size < 1:
         raise ValueError(f"--base-batch-size must be at least 1, got {args.base_batch_size}")
     n = len(args.devices)
@@ -183,12 +185,12 @@ def load_data(args):
 
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
-    from jax_dp import devices, distributed, models, modes, train  # JAX's backend starts later.
+    from jax_dp import checkpoint, devices, distributed, models, modes, train  # JAX starts later.
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)
-    check_writable(args.plot if primary else None)
+    check_writable(args.plot if primary else None, plot=True)
     runs_configs = configs(args)
     if args.steps_per_call is not None:
         modes.check_steps_per_call(args.steps_per_call)
@@ -198,6 +200,8 @@ def train_runs(args) -> None:
                           start=lambda: distributed.initialize(args.coordinator, args.num_processes,
                                                                args.process_id))
     primary = distributed.is_primary()
+    if args.resume and args.checkpoint_dir:
+        checkpoint.check_resumable(args.checkpoint_dir, runs_configs)
     train_data, test_data = load_data(args)
     runs = []
     log = print if primary else (lambda line: None)
@@ -252,15 +256,20 @@ def xla_flags(model: str, user: str) -> str:
                                  user)
 
 
-def check_writable(path: Path | None) -> None:
-    """Fail before training, not after, when an output file cannot be written."""
+def check_writable(path: Path | None, plot: bool = False) -> None:
+    """Fail before training, not after, when an output file cannot be written (creating nothing);
+    for a plot, also when matplotlib cannot write its format."""
     if path is None:
         return
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write {path} ({e.strerror}): pass a writable path") from None
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not folder.is_dir() or not os.access(path if path.exists() else folder, os.W_OK):
+        why = ("it is a folder" if path.is_dir() else f"no folder {folder}" if not folder.is_dir()
+               else "permission denied")
+        raise ValueError(f"cannot write {path} ({why}): pass a writable path")
+    if plot:
+        from jax_dp.measure import plots
+
+        plots.check_format(path)
 
 
 def write_json(path: Path | None, payload: dict) -> None:
@@ -286,25 +295,36 @@ def run(main: Callable[[argparse.Namespace], None], make_parser: Callable[[], On
     (--batch-size). tcmalloc is preloaded first, before JAX is imported.
     """
     with_tcmalloc()
+    prog = f"python -m {getattr(sys.modules['__main__'].__spec__, 'name', 'experiments')}"
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Until train() records them between steps.
+        signal.signal(signum, lambda n, _: leave(128 + n, f"{prog}: interrupted "
+                                                 f"({signal.Signals(n).name})"))
     from jax_dp.errors import ParamError
 
     try:
         p = make_parser()
     except ParamError as e:  # A --model that is no model: its flags cannot be known.
-        main_module = getattr(sys.modules["__main__"].__spec__, "name", "experiments")
-        print(f"python -m {main_module}: error: {e.spelled(lambda n: '--' + n)}", file=sys.stderr)
-        sys.exit(2)
+        leave(2, f"{prog}: error: {e.spelled(lambda n: '--' + n)}")
     args = p.parse_args()
     from jax_dp.train import Interrupted
 
     try:
         main(args)
     except ParamError as e:
-        p.exit(2, f"{p.prog}: error: {e.spelled(p.flag)}\n")
+        leave(2, f"{p.prog}: error: {e.spelled(p.flag)}")
     except ValueError as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
+        leave(2, f"{p.prog}: error: {e}")
     except Interrupted as e:
         hint = ": rerun with --resume" if e.saved else ": pass --checkpoint-dir to keep progress"
-        p.exit(128 + e.signum, f"{p.prog}: {e}{hint}\n")
-    except KeyboardInterrupt:
-        p.exit(130, f"{p.prog}: interrupted\n")
+        leave(128 + e.signum, f"{p.prog}: {e}{hint}")
+    except KeyboardInterrupt:  # A SIGINT that the handlers above did not see (another thread's).
+        leave(130, f"{p.prog}: interrupted (SIGINT)")
+
+
+def leave(code: int, line: str) -> None:
+    """Print line on stderr and end the process now with code: the interpreter's shutdown would
+    let XLA's and Orbax's threads add tracebacks to the line (or, after a SIGINT, crash)."""
+    print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

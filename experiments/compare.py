@@ -24,7 +24,7 @@ def main(args) -> None:
     from jax_dp.measure import parity
 
     common.check_writable(args.json)
-    common.check_writable(args.plot)
+    common.check_writable(args.plot, plot=True)
     defaults = DEFAULTS.get(args.model, GENERIC)
     options = models.model_options(args.model, common.model_options(args))
     batch_size = args.batch_size or defaults["batch_size"]

@@ -105,7 +105,7 @@ def main(args) -> None:
 
     profiles = hardware.load_profiles(args.profiles)
     common.check_writable(args.json)
-    common.check_writable(args.plot)
+    common.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
     batch, steps, repeats = args.batch_size or d["batch_size"], args.steps or d["steps"], args.repeats
     for k in args.devices:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
+import os
+import sys
 from pathlib import Path
+from typing import Callable
 
 import jax
 import numpy as np
@@ -13,7 +17,20 @@ import orbax.checkpoint as ocp
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 
-logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax logs every save at INFO/WARNING.
+# Orbax logs every save at INFO/WARNING, and a failed one at ERROR, before raising what
+# Checkpointer reports in one line.
+logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+
+def _quiet_closed_loops(unraisable, default=sys.unraisablehook) -> None:
+    # After a failed TensorStore read (a damaged checkpoint), its threads still call back into
+    # the event loop Orbax has closed; each call prints a traceback that says nothing to a user.
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+        default(unraisable)
+
+
+sys.unraisablehook = _quiet_closed_loops
 
 
 class Checkpointer:
@@ -26,34 +43,60 @@ class Checkpointer:
 
     def __init__(self, directory: str | Path, config: TrainConfig, backend, keep: int = 2):
         self.directory, self.config, self.backend = Path(directory).absolute(), config, backend
-        self.manager = _manager(directory, keep)
+        self.keep, self.manager = keep, _manager(directory, keep)
+        self.lock = _lock(self.directory) if jax.process_index() == 0 else None
 
     def save(self, state, metrics, position) -> None:
         """Write state (a TrainState), the epoch's running metrics and position."""
         arrays = _on_host(self.backend, state, metrics, position)
         meta = {"config": dataclasses.asdict(self.config), "epoch": position.epoch,
                 "step": position.step, "history": list(position.history), "epoch_s": position.epoch_s}
-        self.manager.save(position.global_step, args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+        try:
+            self.manager.save(position.global_step, args=ocp.args.Composite(
+                arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
+        except Exception as e:  # A full disk or a folder gone read-only, as Orbax reports it.
+            raise ParamError("checkpoint_dir", f"cannot save a checkpoint in {self.directory} "
+                             f"({_reason(e)}): free some space, or pass another {{}}") from None
 
-    def restore(self, state, metrics, position):
-        """(state, metrics, position) of the latest checkpoint, placed and typed like the arguments;
-        None when there is none. A checkpoint of another config is refused."""
-        step = self.manager.latest_step()
-        if step is None:
-            return None
-        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-        field = self.config.resume_conflict(meta["config"])
-        if field is not None:
-            saved = {**meta["config"], **meta["config"].get("options", {})}
-            raise ParamError((field, field, "checkpoint_dir"), (
-                f"cannot resume: the checkpoint in {self.directory} was written with {{}} "
-                f"{saved.get(field)!r}, this run has {{}} {self.config.fields()[field]!r} "
-                "(only a larger epochs may change): resume with the same values or use another {}"))
-        b, target = self.backend, _on_host(self.backend, state, metrics, position)
-        arrays = self.manager.restore(step, args=ocp.args.Composite(
-            arrays=ocp.args.StandardRestore(target)))["arrays"]
-        host = arrays["state"]
+    def restore(self, state, metrics, position, log: Callable[[str], None] = print):
+        """(state, metrics, position) of the newest intact checkpoint, placed and typed like the
+        arguments; None when there is none. A checkpoint of another config is refused. Newer
+        steps that cannot be read are reported, kept as STEP.damaged, and skipped; if no step
+        can be read, the resume is refused (nothing is moved)."""
+        target = _on_host(self.backend, state, metrics, position)
+        damaged = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = _read(self.manager, step, meta=ocp.args.JsonRestore())["meta"]
+                self._check_config(meta["config"])
+                arrays = _read(self.manager, step, arrays=ocp.args.StandardRestore(target))["arrays"]
+            except ParamError:
+                raise
+            except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+                damaged.append((step, _reason(e)))
+                continue
+            for bad, reason in damaged:
+                aside = self.directory / f"{bad}.damaged"
+                if jax.process_index() == 0:  # Out of Orbax's way: a later save may reuse the step.
+                    (self.directory / str(bad)).rename(aside)
+                log(f"checkpoint step {bad} is damaged ({reason}): kept as {aside}, "
+                    f"resuming from step {step}")
+            if damaged:
+                self.manager = _manager(self.directory, self.keep)
+            return self._placed(arrays, meta, step, state, position)
+        if damaged:
+            raise ParamError("checkpoint_dir", f"no intact checkpoint in {self.directory}: "
+                             + "; ".join(f"step {s} is damaged ({r})" for s, r in damaged)
+                             + ": pass another {} or remove this one to start again")
+        return None
+
+    def _check_config(self, saved: dict) -> None:
+        diffs = self.config.differences(saved)
+        if diffs:
+            raise _refusal(f"the checkpoint in {self.directory}", diffs)
+
+    def _placed(self, arrays, meta, step, state, position):
+        b, host = self.backend, arrays["state"]
         state = state._replace(params=b.replicate(host["params"]),
                                model_state=b.from_host(host["model_state"]),
                                opt_state=b.replicate(host["opt_state"]))
@@ -64,8 +107,48 @@ class Checkpointer:
         return state, b.replicate(arrays["metrics"]), position
 
     def close(self) -> None:
-        """Finish pending writes."""
-        self.manager.close()
+        """Finish pending writes and let another run use the folder."""
+        try:
+            self.manager.close()
+        finally:
+            if self.lock:
+                self.lock.close()  # Closing the file releases its flock.
+
+
+def saved_configs(root: str | Path) -> dict[str, dict]:
+    """The runs saved in root's folders: folder name -> config of its newest readable checkpoint."""
+    found = {}
+    for folder in sorted(Path(root).iterdir()) if Path(root).is_dir() else []:
+        manager = _manager(folder, keep=None) if folder.is_dir() else None
+        for step in sorted(manager.all_steps(), reverse=True) if manager else []:
+            try:
+                found[folder.name] = _read(manager, step, meta=ocp.args.JsonRestore())["meta"]["config"]
+                break
+            except Exception:  # Damaged: the run's own resume reports it.
+                continue
+    return found
+
+
+def check_resumable(root: str | Path, configs: list[TrainConfig]) -> None:
+    """Refuse to resume configs from root when it holds runs and none of them is one of configs:
+    the refusal names the fields in which the nearest saved run differs."""
+    saved = saved_configs(root)
+    if not saved or any(not c.differences(s) for c in configs for s in saved.values()):
+        return
+    folder, diffs = min(((f, c.differences(s)) for c in configs for f, s in saved.items()),
+                        key=lambda pair: len(pair[1]))
+    raise _refusal(f"no run in {Path(root).absolute()} has this run's values; the nearest, "
+                   f"{folder},", diffs)
+
+
+def _refusal(what: str, diffs: dict[str, tuple]) -> ParamError:
+    """The one-line refusal of a resume: what was written with which values, and this run's."""
+    names = list(diffs)
+    written = " and ".join(f"{{}} {old!r}" for old, _ in diffs.values())
+    this = " and ".join(f"{{}} {new!r}" for _, new in diffs.values())
+    return ParamError((*names, *names, "checkpoint_dir"), (
+        f"cannot resume: {what} was written with {written}, this run has {this} (only a larger "
+        "epochs may change): resume with the same values or use another {}"))
 
 
 def latest(directory: str | Path) -> tuple[int, dict, dict]:
@@ -86,6 +169,39 @@ def _on_host(backend, state, metrics, position) -> dict:
                       "opt_state": backend.unreplicate(state.opt_state)},
             "metrics": backend.unreplicate(metrics), "order": np.asarray(position.order),
             "key": np.asarray(jax.random.key_data(position.key))}
+
+
+def _read(manager, step, **items) -> dict:
+    return manager.restore(step, args=ocp.args.Composite(**items))
+
+
+def _reason(e: Exception) -> str:
+    """An exception as a short phrase for one line of output."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:120]}{'...' if len(text) > 120 else ''}"
+
+
+def _lock(directory: Path):
+    """An exclusive flock on directory/.lock, holding this process's id; refused if another holds it.
+    The kernel frees it when its holder ends, killed or not."""
+    try:
+        f = open(directory / ".lock", "a+")
+    except OSError as e:
+        raise ParamError("checkpoint_dir", f"cannot write checkpoints to {directory} "
+                         f"({e.strerror}): pass a writable {{}}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise ParamError("checkpoint_dir", f"{directory} is in use by another run (process "
+                         f"{holder}): wait for it to end, or pass another {{}}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _manager(directory, keep):

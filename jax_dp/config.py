@@ -57,6 +57,8 @@ class TrainConfig:
         if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
             raise ParamError("warmup_epochs", f"{{}} must be 0 or more, got {self.warmup_epochs}")
         _at_least("epochs", self.epochs, 1)
+        if not isinstance(self.seed, int) or not -2**63 <= self.seed < 2**63:
+            raise ParamError("seed", f"{{}} must be a 64-bit integer (-2**63 to 2**63 - 1), got {self.seed}")
         for split in ("train", "test"):
             name, n, size = f"{split}_examples", getattr(self, f"{split}_examples"), \
                 SIZES[split]
@@ -64,6 +66,10 @@ class TrainConfig:
             if n > size:
                 raise ParamError(name, f"{{}} {n} is more than the {size:,} {split} images of "
                                  f"Fashion-MNIST: pass {size} or fewer")
+        if self.batch_size > self.train_examples:
+            raise ParamError(("batch_size", "train_examples"), f"{{}} {self.batch_size} is more than "
+                             f"the {self.train_examples} training examples ({{}}): pass at most "
+                             f"{self.train_examples}")
 
     def fields(self) -> dict:
         """Every field in order, the model's options in place of `options`."""
@@ -74,17 +80,19 @@ class TrainConfig:
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.fields().items())
 
-    def resume_conflict(self, saved: dict) -> str | None:
-        """The first field or model option, other than a larger epochs, in which saved (a
-        checkpoint's config) differs."""
+    def differences(self, saved: dict) -> dict[str, tuple]:
+        """name -> (saved value, this value) for each field or model option, other than a larger
+        epochs, in which saved (a checkpoint's config) differs."""
         saved = {**saved, **saved.get("options", {})}
-        for name, value in self.fields().items():
-            old = saved.get(name)
-            if name == "epochs" and isinstance(old, int) and value >= old:
-                continue
-            if old != value:
-                return name
-        return None
+        return {name: (saved.get(name), value) for name, value in self.fields().items()
+                if saved.get(name) != value
+                and not (name == "epochs" and isinstance(saved.get(name), int) and value >= saved[name])}
+
+
+def check_step_timeout(seconds: float | None) -> None:
+    """Refuse a step timeout that is not a positive, finite number of seconds (None: no watchdog)."""
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise ParamError("step_timeout", f"{{}} must be a positive number of seconds, got {seconds}")
 
 
 def _at_least(name, value, low):

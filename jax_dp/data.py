@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -29,11 +32,21 @@ def default_data_dir() -> Path:
 
 
 def _prepared_builder(data_dir, source_dir):
-    import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to load.
-
     builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
-    if builder.is_prepared():
+    if builder.is_prepared():  # Read only: a shared, read-only data dir serves as well.
         return builder
+    if Path(data_dir).exists() and not Path(data_dir).is_dir():
+        raise ParamError("data_dir", f"{data_dir} is a file: pass a folder as {{}}")
+    try:
+        return _prepare(data_dir, source_dir)
+    except OSError as e:
+        raise ParamError("data_dir", f"cannot prepare Fashion-MNIST in {data_dir} ({e.strerror}): "
+                         "pass a writable {} (or set TFDS_DATA_DIR)") from None
+
+
+def _prepare(data_dir, source_dir):
+    import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to prepare.
+
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(data_dir) / ".fashion_mnist_idx.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Processes started together (test workers, ranks) prepare once.
@@ -48,10 +61,27 @@ def _prepared_builder(data_dir, source_dir):
     return builder
 
 
+# Where TFDS downloads fashion_mnist from: its own bucket, else the dataset's site.
+TFDS_HOSTS = ("storage.googleapis.com", "fashion-mnist.s3-website.eu-central-1.amazonaws.com")
+
+
+def _reachable(host: str, port: int = 443, timeout_s: float = 3.0) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def _tfds_builder(data_dir):
     import tensorflow_datasets as tfds
 
     builder = tfds.builder("fashion_mnist", data_dir=str(data_dir), file_format="array_record")
+    if builder.is_prepared():
+        return builder
+    if not any(_reachable(host) for host in TFDS_HOSTS):  # Else TFDS retries for minutes.
+        raise ParamError("data", f"TFDS's fashion_mnist is not in {data_dir} and downloading it "
+                         f"needs the network, which is not reachable: use {{}} debian (offline)")
     try:
         builder.download_and_prepare()
     except Exception as e:  # TFDS raises many kinds; the user needs one line.
@@ -60,14 +90,42 @@ def _tfds_builder(data_dir):
     return builder
 
 
+CHECKSUMS = "sha256.json"  # Beside the prepared files: what each held when it was prepared.
+
+
+def check_prepared(folder: Path, split: str) -> None:
+    """Refuse a prepared split whose files differ from what was recorded when they were first
+    read (each file's SHA-256, recorded then if the folder is writable)."""
+    files = sorted(folder.glob(f"*-{split}.array_record*"))
+    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    record = folder / CHECKSUMS
+    recorded = json.loads(record.read_text()) if record.exists() else {}
+    for name, digest in digests.items():
+        if name not in recorded:
+            continue
+        if recorded[name] != digest:
+            raise ParamError("data_dir", f"{folder / name} has changed since it was prepared (its "
+                             f"SHA-256 is not the one recorded in {record}): delete {folder} "
+                             "and run again to prepare it anew")
+    if not set(digests) <= set(recorded):
+        try:  # Written whole or not at all: processes started together may both write it.
+            part = record.with_name(f"{record.name}.{os.getpid()}.part")
+            part.write_text(json.dumps({**recorded, **digests}, indent=1) + "\n")
+            part.replace(record)
+        except OSError:
+            pass  # A read-only folder prepared elsewhere: nothing recorded to check against.
+
+
 def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
                        source_dir=fashion_mnist.DEBIAN_DIR, limit: int | None = None) -> Split:
     """Load a whole split ('train' or 'test'), preparing the TFDS data on first use."""
     check_choice("split", split, tuple(fashion_mnist.SPLITS))
     data_dir = data_dir or default_data_dir()
-    absl.logging.set_verbosity(absl.logging.ERROR)  # TFDS's info and warnings are not for users.
+    # TFDS logs info and warnings, Orbax failed saves (reported in one line): none are for users.
+    absl.logging.set_verbosity(absl.logging.FATAL)
     check_choice("data", source, DATA_SOURCES)
     builder = _prepared_builder(data_dir, source_dir) if source == "debian" else _tfds_builder(data_dir)
+    check_prepared(Path(builder.data_dir), split)
     records = builder.as_data_source(split=split)
     n = len(records) if limit is None else min(limit, len(records))
     if n < 1:

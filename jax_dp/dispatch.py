@@ -85,7 +85,7 @@ class _Watchdog:
                 self.since = min(self.since + suspended, now)
                 if now - self.since > self.timeout_s:
                     sys.stderr.write(
-                        f"error: {self.info or 'a step'} did not finish within {self.timeout_s:.0f} s; "
+                        f"error: {self.info or 'a step'} did not finish within {self.timeout_s:g} s; "
                         "a collective is probably wedged: rerun (with --resume if you "
                         "checkpoint), or raise --step-timeout if steps are just slow\n")
                     sys.stderr.flush()

@@ -15,7 +15,7 @@ from jax_dp import data as data_lib
 from jax_dp import dispatch, modes
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer
-from jax_dp.config import TrainConfig
+from jax_dp.config import TrainConfig, check_step_timeout
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.models import get_model, model_options
@@ -130,7 +130,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
-    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume)
+    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
+               step_timeout)
     config = dataclasses.replace(config, options=model_options(config.model, config.options,
                                                                config.backend))
     log(f"config: {config}")
@@ -145,58 +146,65 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     metrics = backend.replicate(zero_metrics())
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(checkpoint_dir, config, backend) if checkpoint_dir else None
-    if resume and (restored := ckpt.restore(state, metrics, position)) is not None:
-        state, metrics, position = restored
-        log(f"resuming from {checkpoint_dir} at epoch {position.epoch + 1}, step {position.step}")
-    per_epoch = steps_per_epoch(config)
-    start_time = time.perf_counter()
-    mode.compile(state, metrics, position.step)
-    eval_batch = backend.shard(data_lib.zero_batch(
-        data_lib.padded_size(config.batch_size, config.devices), test_data.images.shape[1:]))
-    steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics, eval_batch))
-    compile_s = time.perf_counter() - start_time
+    try:
+        if resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
+            state, metrics, position = restored
+            log(f"resuming from {checkpoint_dir} at epoch {position.epoch + 1}, "
+                f"step {position.step}")
+        per_epoch = steps_per_epoch(config)
+        start_time = time.perf_counter()
+        mode.compile(state, metrics, position.step)
+        eval_batch = backend.shard(data_lib.zero_batch(
+            data_lib.padded_size(config.batch_size, config.devices), test_data.images.shape[1:]))
+        steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics,
+                                                           eval_batch))
+        compile_s = time.perf_counter() - start_time
 
-    def summary() -> dict:  # Reads position when called: the history so far.
-        return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
-                "compile_s": compile_s, "epochs": list(position.history)}
+        def summary() -> dict:  # Reads position when called: the history so far.
+            return {"config": dataclasses.asdict(config), "steps_per_call": steps_per_call,
+                    "compile_s": compile_s, "epochs": list(position.history)}
 
-    log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
+        log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
-    in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
-    with dispatch.stop_requests() as stop:
-        while position.epoch < config.epochs:
-            epoch_start = time.perf_counter() - position.epoch_s  # A resumed epoch's earlier steps.
-            with _bar(progress, position, per_epoch) as bar:
-                for n, placed in mode.epoch(position.order, position.step):
-                    state, metrics = mode(state, metrics, placed)
-                    before, position = position.global_step, position.stepped(n)
-                    in_flight.add(metrics, f"step {position.step} of epoch {position.epoch + 1}")
-                    bar.update(n)
-                    on_step(position)
-                    if position.step < per_epoch:  # An epoch's last step is saved at its end.
-                        _between_steps(backend, ckpt, state, metrics, position, stop, due=bool(
-                            checkpoint_every and position.global_step // checkpoint_every
-                            > before // checkpoint_every), epoch_start=epoch_start)
-                in_flight.drain()
-            time_s = time.perf_counter() - epoch_start
-            sums = _check_finite(backend, metrics, position)
-            test_acc = evaluate_accuracy(steps, state, test_data, config.batch_size)
-            log(f"epoch {position.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
-            position = position.next_epoch(
-                {"epoch": position.epoch + 1, "time_s": time_s, "test_acc": test_acc,
-                 "train_loss": sums["loss_sum"] / sums["count"],
-                 "train_acc": sums["correct"] / sums["count"]},
-                epoch_order(config, position.key, position.epoch + 1))
-            metrics = backend.replicate(zero_metrics())
-            on_epoch(summary())
-            _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
-                           finished=position.epoch == config.epochs)
-    if ckpt:
-        ckpt.close()
-    return {**summary(), "state": backend.unreplicate(state)}
+        in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
+        with dispatch.stop_requests() as stop:
+            while position.epoch < config.epochs:
+                # A resumed epoch's earlier steps count too.
+                epoch_start = time.perf_counter() - position.epoch_s
+                with _bar(progress, position, per_epoch) as bar:
+                    for n, placed in mode.epoch(position.order, position.step):
+                        state, metrics = mode(state, metrics, placed)
+                        before, position = position.global_step, position.stepped(n)
+                        in_flight.add(metrics,
+                                      f"step {position.step} of epoch {position.epoch + 1}")
+                        bar.update(n)
+                        on_step(position)
+                        if position.step < per_epoch:  # An epoch's last step is saved at its end.
+                            _between_steps(backend, ckpt, state, metrics, position, stop, due=bool(
+                                checkpoint_every and position.global_step // checkpoint_every
+                                > before // checkpoint_every), epoch_start=epoch_start)
+                    in_flight.drain()
+                time_s = time.perf_counter() - epoch_start
+                sums = _check_finite(backend, metrics, position)
+                test_acc = evaluate_accuracy(steps, state, test_data, config.batch_size)
+                log(f"epoch {position.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+                position = position.next_epoch(
+                    {"epoch": position.epoch + 1, "time_s": time_s, "test_acc": test_acc,
+                     "train_loss": sums["loss_sum"] / sums["count"],
+                     "train_acc": sums["correct"] / sums["count"]},
+                    epoch_order(config, position.key, position.epoch + 1))
+                metrics = backend.replicate(zero_metrics())
+                on_epoch(summary())
+                _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
+                               finished=position.epoch == config.epochs)
+        return {**summary(), "state": backend.unreplicate(state)}
+    finally:  # Also on errors and signals: finish writes and free the folder's lock.
+        if ckpt:
+            ckpt.close()
 
 
-def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume):
+def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
+               step_timeout):
     """Refuse data that is not the config's, and options that cannot work."""
     for split, data in (("train", train_data), ("test", test_data)):
         if len(data.labels) != getattr(config, f"{split}_examples"):
@@ -205,6 +213,7 @@ def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, 
     if checkpoint_every < 0:
         raise ParamError("checkpoint_every", f"{{}} must be 0 (epoch ends only) or more, "
                          f"got {checkpoint_every}")
+    check_step_timeout(step_timeout)
     if (resume or checkpoint_every) and not checkpoint_dir:
         raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 

@@ -92,7 +92,7 @@ SAVED = TrainConfig(options={"conv": "auto", "activation": "relu"}, epochs=2)
 # A value unlike SAVED's for every field and model option.
 OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
          "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "drop_remainder": True,
-         "data": "tfds", "train_examples": 100, "test_examples": 100}
+         "data": "tfds", "train_examples": 1000, "test_examples": 100}
 
 
 def test_every_field_has_a_differing_value_to_try():
@@ -108,14 +108,16 @@ def test_a_resume_is_refused_for_a_change_of_any_field_or_model_option(field):
     else:
         changed = dataclasses.replace(SAVED, options={**SAVED.options, field: "im2col" if field ==
                                                       "conv" else "softplus"})
-    assert changed.resume_conflict(dataclasses.asdict(SAVED)) == field
+    want = {field: (SAVED.fields()[field], changed.fields()[field])}
+    assert changed.differences(dataclasses.asdict(SAVED)) == want  # That field, and only it.
 
 
 def test_a_resume_may_only_add_epochs():
     saved = dataclasses.asdict(SAVED)
-    assert SAVED.resume_conflict(saved) is None
-    assert dataclasses.replace(SAVED, epochs=5).resume_conflict(saved) is None
+    assert SAVED.differences(saved) == {}
+    assert dataclasses.replace(SAVED, epochs=5).differences(saved) == {}
+    assert dataclasses.replace(SAVED, epochs=1).differences(saved) == {"epochs": (2, 1)}
     # A checkpoint that names the model's options as fields of their own is read alike.
     legacy = {**{k: v for k, v in saved.items() if k != "options"}, **SAVED.options}
-    assert SAVED.resume_conflict(legacy) is None
-    assert SAVED.resume_conflict({**legacy, "conv": "xla"}) == "conv"
+    assert SAVED.differences(legacy) == {}
+    assert SAVED.differences({**legacy, "conv": "xla"}) == {"conv": ("xla", SAVED.options["conv"])}

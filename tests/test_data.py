@@ -120,3 +120,47 @@ def test_processes_started_together_prepare_the_data_once(tmp_path, fashion_test
     lasts = [out.strip().splitlines()[-1] for out, _ in outs]  # TFDS prints its own lines first.
     assert lasts == [f"{int(fashion_test.labels.sum())} {float(fashion_test.images.sum())}"] * 2
     assert sum("preparing Fashion-MNIST" in err for _, err in outs) == 1
+
+
+@pytest.fixture
+def prepared_copy(tmp_path):
+    """A copy of the prepared TFDS data dir, with no checksums recorded yet."""
+    shutil.copytree(data.default_data_dir() / "fashion_mnist_idx", tmp_path / "fashion_mnist_idx")
+    (tmp_path / "fashion_mnist_idx" / "1.0.0" / data.CHECKSUMS).unlink(missing_ok=True)
+    return tmp_path
+
+
+def test_a_prepared_file_that_changed_is_refused_naming_it(prepared_copy):
+    """Catches prepared data read unchecked: a byte flipped after the first load is named."""
+    data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)  # Records the checksums.
+    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
+    (path,) = folder.glob("*-test.array_record*")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+    data.load_fashion_mnist("train", data_dir=prepared_copy, limit=8)  # The other split is intact.
+    with pytest.raises(ValueError, match=rf"{path} has changed since it was prepared \(its SHA-256 "
+                                         rf"is not the one recorded in {folder / data.CHECKSUMS}\): "
+                                         rf"delete {folder} and run again to prepare it anew"):
+        data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)
+
+
+def test_a_read_only_data_dir_that_holds_the_data_still_loads(prepared_copy, monkeypatch):
+    """Users share datasets: nothing needs writing once the data are prepared."""
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+    monkeypatch.setattr(data.Path, "write_text", read_only)
+    monkeypatch.setattr(data.Path, "mkdir", read_only)
+    assert len(data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8).labels) == 8
+    with pytest.raises(ValueError, match=r"cannot prepare Fashion-MNIST in .*empty \(Read-only file "
+                                         r"system\): pass a writable data_dir \(or set TFDS_DATA_DIR\)"):
+        data.load_fashion_mnist("test", data_dir=prepared_copy / "empty", limit=8)
+
+
+def test_tfds_without_the_network_is_refused_at_once_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_reachable", lambda host: False)
+    with pytest.raises(ValueError, match=rf"TFDS's fashion_mnist is not in {tmp_path / 'tfds'} and "
+                                         r"downloading it needs the network, which is not reachable: "
+                                         r"use data debian \(offline\)"):
+        data.load_fashion_mnist("test", source="tfds", data_dir=tmp_path / "tfds")
+    assert list(tmp_path.iterdir()) == []

@@ -99,7 +99,7 @@ def test_1000_pmapped_steps_on_8_devices_finish():
 ])
 def test_train_refuses_checkpoint_options_that_cannot_work(options, message):
     split = data.Split(np.zeros((4, 28, 28, 1), np.float32), np.zeros(4, np.int32))
-    config = TrainConfig(train_examples=4, test_examples=4)
+    config = TrainConfig(batch_size=4, train_examples=4, test_examples=4)
     with pytest.raises(ParamError) as e:
         train.train(config, split, split, **options)
     assert str(e.value) == message

@@ -15,6 +15,17 @@ def _pyplot():
     return plt
 
 
+def check_format(path: Path) -> None:
+    """Refuse a plot path whose suffix is no format matplotlib writes (none: PNG)."""
+    plt = _pyplot()
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    suffix = Path(path).suffix[1:].lower()
+    if suffix and suffix not in formats:
+        raise ValueError(f"--plot {path}: matplotlib cannot write .{suffix} files: use one of "
+                         + ", ".join(f".{f}" for f in sorted(formats)))
+
+
 def _label(run: dict) -> str:
     return f"{run.get('backend', 'pmap')} x{run['devices']}"
 

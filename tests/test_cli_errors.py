@@ -1,0 +1,107 @@
+"""The command line off the happy path: every bad value, signal or second run is one line on
+stderr with its exit code, and leaves no half-written file."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+S = ["--devices", "2", "--train-examples", "512", "--test-examples", "256", "--batch-size", "64",
+     "--no-progress"]
+ENV = {**os.environ, "JAX_DP_NO_TCMALLOC": "1"}
+
+
+def lenet(*flags, timeout=300):
+    return subprocess.run([sys.executable, "-m", "experiments.lenet", *S, *flags],
+                          capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def start(*flags):
+    return subprocess.Popen([sys.executable, "-m", "experiments.lenet", *S, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "PYTHONUNBUFFERED": "1"})
+
+
+def one_line(proc, code, message):
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seed", str(2**63)], f"--seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {2**63}"),
+    (["--step-timeout", "-1"], "--step-timeout must be a positive number of seconds, got -1.0"),
+    (["--step-timeout", "nan"], "--step-timeout must be a positive number of seconds, got nan"),
+    (["--step-timeout", "0"], "--step-timeout must be a positive number of seconds, got 0.0"),
+    (["--batch-size", "1000", "--drop-remainder"],
+     "--batch-size 1000 is more than the 512 training examples (--train-examples): pass at most 512"),
+    (["--batch-size", "64,100000", "--devices", "1,2"], "--batch-size 100000 is more than the 512"),
+    (["--data-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --data-dir"),
+])
+def test_bad_values_are_one_line_before_training(flags, message):
+    one_line(lenet(*flags), 2, message)
+
+
+def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tmp_path):
+    proc = lenet("--plot", str(tmp_path / "p.xyz"), "--json", str(tmp_path / "r.json"))
+    one_line(proc, 2, f"--plot {tmp_path / 'p.xyz'}: matplotlib cannot write .xyz files: use one of ")
+    assert ".png" in proc.stderr and list(tmp_path.iterdir()) == []
+    one_line(lenet("--json", str(tmp_path)), 2, f"cannot write {tmp_path} (it is a folder)")
+    one_line(lenet("--json", str(tmp_path / "no" / "r.json")), 2, f"(no folder {tmp_path / 'no'})")
+
+
+@pytest.mark.parametrize("signum, when", [(signal.SIGINT, "starting"), (signal.SIGTERM, "compiling"),
+                                          (signal.SIGINT, "compiling")])
+def test_a_signal_before_training_is_one_line_and_leaves_no_file(tmp_path, signum, when):
+    """Catches a KeyboardInterrupt traceback, a crash at shutdown, or an empty --json left behind."""
+    proc = start("--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png"))
+    if when == "starting":  # Importing JAX, or loading the data.
+        time.sleep(1.0)
+    else:  # The config line comes just before the step is compiled.
+        while not proc.stdout.readline().startswith("config: "):
+            assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err
+    assert err == f"python -m experiments.lenet: interrupted ({signal.Signals(signum).name})\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_run_on_a_folder_is_refused_until_the_first_is_killed(tmp_path):
+    """Two runs on one --checkpoint-dir: the second is refused at once naming the first's
+    process; once the first is killed (SIGKILL: no chance to clean up), the folder is free."""
+    flags = ["--checkpoint-dir", str(tmp_path), "--epochs", "500"]
+    lock = tmp_path / "2dev-bs64-lr0.2" / ".lock"
+
+    def holding(*extra):
+        """A run started and seen holding the folder's lock."""
+        proc = start(*flags, *extra)
+        while not (lock.exists() and lock.read_text().strip() == str(proc.pid)):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        return proc
+
+    first = holding()
+    try:
+        one_line(lenet(*flags), 2, f"{lock.parent} is in use by another run (process {first.pid}): "
+                                   "wait for it to end, or pass another --checkpoint-dir")
+    finally:
+        first.kill()
+        first.communicate()
+    second = holding("--resume")  # The killed run's lock did not outlive it.
+    second.kill()
+    second.communicate()
+
+
+def test_a_resume_of_other_values_is_refused_and_another_folder_starts_afresh(tmp_path):
+    """Catches the silent restart: the folder holds the lr 0.2 run only."""
+    assert lenet("--checkpoint-dir", str(tmp_path), "--epochs", "1").returncode == 0
+    one_line(lenet("--checkpoint-dir", str(tmp_path), "--epochs", "2", "--resume", "--lr", "0.3"), 2,
+             f"cannot resume: no run in {tmp_path} has this run's values; the nearest, "
+             "2dev-bs64-lr0.2, was written with --lr 0.2, this run has --lr 0.3 (only a larger "
+             "epochs may change): resume with the same values or use another --checkpoint-dir")
+    proc = lenet("--checkpoint-dir", str(tmp_path / "new"), "--epochs", "1", "--resume", "--lr", "0.3")
+    assert proc.returncode == 0 and "resuming" not in proc.stdout, proc.stderr
