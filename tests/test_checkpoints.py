@@ -5,7 +5,6 @@ import dataclasses
 import glob
 import os
 import shutil
-from pathlib import Path
 
 import jax
 import numpy as np
