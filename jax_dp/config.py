@@ -12,6 +12,7 @@ from jax_dp.models import MODELS
 
 DATA_SOURCES = ("debian", "tfds")
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
+MICRO_BATCHES = 8  # The exact mode's micro-batches per global batch (jax_dp.exact): a power of 2.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     epochs: int = 4
     seed: int = 0
+    exact: bool = False
     drop_remainder: bool = False
     data: str = "debian"
     train_examples: int = SIZES["train"]
@@ -46,6 +48,8 @@ class TrainConfig:
                              f"{self.options!r}")
         check_choice("backend", self.backend, BACKENDS)
         check_allreduce(self.allreduce, self.backend)
+        if self.exact:
+            check_exact(self.backend, self.allreduce, self.devices)
         check_choice("data", self.data, DATA_SOURCES)
         _at_least("devices", self.devices, 1)
         if self.backend == "single" and self.devices != 1:
@@ -83,10 +87,24 @@ class TrainConfig:
     def differences(self, saved: dict) -> dict[str, tuple]:
         """name -> (saved value, this value) for each field or model option, other than a larger
         epochs, in which saved (a checkpoint's config) differs."""
+        if saved.get("model") != self.model:  # Another model's options are no comparison.
+            return {"model": (saved.get("model"), self.model)}
         saved = {**saved, **saved.get("options", {})}
         return {name: (saved.get(name), value) for name, value in self.fields().items()
                 if saved.get(name) != value
                 and not (name == "epochs" and isinstance(saved.get(name), int) and value >= saved[name])}
+
+
+def check_exact(backend: str, allreduce: str, devices: int) -> None:
+    """Refuse what the exact mode (jax_dp.exact) cannot make exact."""
+    if backend == "jit":
+        raise ParamError(("exact", "backend"), "{} needs its sums in a fixed order, and under "
+                         "{} jit XLA inserts its own all-reduces: use pmap or shard_map")
+    if allreduce != "psum":
+        raise ParamError(("exact", "allreduce"), "{} sums in its own fixed tree: leave {} psum")
+    if MICRO_BATCHES % devices:
+        raise ParamError(("exact", "devices"), f"{{}} cuts each batch into {MICRO_BATCHES} "
+                         f"micro-batches, which {{}} {devices} does not divide: use 1, 2, 4 or 8")
 
 
 def check_step_timeout(seconds: float | None) -> None:

@@ -136,9 +136,10 @@ def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
     return Split(images, labels)
 
 
-def padded_size(batch_size: int, num_devices: int) -> int:
-    """The smallest multiple of num_devices that holds batch_size examples."""
-    return -(-batch_size // num_devices) * num_devices
+def padded_size(batch_size: int, pad_to: int) -> int:
+    """The smallest multiple of pad_to (the devices, or the exact mode's micro-batches) that
+    holds batch_size examples."""
+    return -(-batch_size // pad_to) * pad_to
 
 
 def epoch_order(n: int, key: jax.Array) -> np.ndarray:
@@ -157,11 +158,11 @@ def zero_batch(size: int, image_shape: tuple[int, ...] = (28, 28, 1)) -> dict[st
             "mask": np.ones(size, np.float32)}
 
 
-def batches(data: Split, batch_size: int, *, num_devices: int = 1, order: np.ndarray | None = None,
+def batches(data: Split, batch_size: int, *, pad_to: int = 1, order: np.ndarray | None = None,
             start: int = 0, drop_remainder: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """Global batches {image, label, mask} in the given order, from batch `start` on.
 
-    Each batch is padded with masked rows (mask 0) to a multiple of num_devices, and the
+    Each batch is padded with masked rows (mask 0) to a multiple of pad_to, and the
     last, partial batch is padded the same way, so every batch has one shape and every
     example counts exactly once (drop_remainder skips the partial batch instead).
     """
@@ -169,7 +170,7 @@ def batches(data: Split, batch_size: int, *, num_devices: int = 1, order: np.nda
         raise ParamError("batch_size", f"{{}} must be at least 1, got {batch_size}")
     n = len(data.labels)
     order = np.arange(n) if order is None else order
-    size = padded_size(batch_size, num_devices)
+    size = padded_size(batch_size, pad_to)
     for b in range(start, num_batches(n, batch_size, drop_remainder)):
         idx = order[b * batch_size:(b + 1) * batch_size]
         image, label = data.images[idx], data.labels[idx]

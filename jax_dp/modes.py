@@ -44,14 +44,14 @@ class HostBatches:
 
     def compile(self, state, metrics, start: int) -> None:
         """Compile the step ahead of time for this run's batches."""
-        size = data.padded_size(self.batch_size, len(self.steps.backend.devices))
+        size = data.padded_size(self.batch_size, self.steps.pad_to)
         batch = self.steps.backend.shard(data.zero_batch(size, self.train_data.images.shape[1:]))
         self.step = self.steps.backend.precompile(self.steps.train_batch, state, metrics, batch)
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (1, placed batch) pairs."""
         for batch in data.batches(self.train_data, self.batch_size,
-                                  num_devices=len(self.steps.backend.devices), order=order,
+                                  pad_to=self.steps.pad_to, order=order,
                                   start=start, drop_remainder=self.drop_remainder):
             yield 1, self.steps.backend.shard(batch)
 
@@ -65,7 +65,7 @@ class DeviceCalls:
 
     def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
                  drop_remainder: bool, steps_per_call: int):
-        self.backend, self.train_data = steps.backend, train_data
+        self.backend, self.pad_to, self.train_data = steps.backend, steps.pad_to, train_data
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.steps_per_call = steps_per_call
         self.examples = self.backend.replicate(on_device(train_data))
@@ -74,7 +74,7 @@ class DeviceCalls:
 
     def compile(self, state, metrics, start: int) -> None:
         """Compile a call for each number of steps the epoch's calls take, a resumed one's too."""
-        size = data.padded_size(self.batch_size, len(self.backend.devices))
+        size = data.padded_size(self.batch_size, self.pad_to)
         per_epoch = data.num_batches(len(self.train_data.labels), self.batch_size,
                                      self.drop_remainder)
         lengths = {min(self.steps_per_call, per_epoch - first) for begin in {0, start}
@@ -86,7 +86,7 @@ class DeviceCalls:
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (steps, placed call) pairs."""
         for call in calls(len(self.train_data.labels), self.batch_size, self.steps_per_call,
-                          num_devices=len(self.backend.devices), order=order, start=start,
+                          pad_to=self.pad_to, order=order, start=start,
                           drop_remainder=self.drop_remainder):
             yield call["mask"].shape[1], self.backend.shard(call)
 
@@ -110,12 +110,12 @@ def on_device(split: data.Split) -> dict[str, np.ndarray]:
             "label": np.concatenate([split.labels, np.zeros_like(split.labels[:1])])}
 
 
-def calls(n: int, batch_size: int, steps_per_call: int, *, num_devices: int = 1,
+def calls(n: int, batch_size: int, steps_per_call: int, *, pad_to: int = 1,
           order: np.ndarray, start: int = 0, drop_remainder: bool = False) -> Iterator[dict]:
     """An epoch's steps from step `start`, steps_per_call at a time, as {"index", "mask"} of
     shape [padded batch, steps]: the examples of data.batches' batches (the batch axis leads,
     to be split over the devices like a batch's)."""
-    size, total = data.padded_size(batch_size, num_devices), data.num_batches(n, batch_size,
+    size, total = data.padded_size(batch_size, pad_to), data.num_batches(n, batch_size,
                                                                               drop_remainder)
     for first in range(start, total, steps_per_call):
         steps = min(steps_per_call, total - first)

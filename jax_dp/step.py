@@ -11,6 +11,8 @@ import optax
 
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import Backend
+from jax_dp.config import MICRO_BATCHES, check_exact
+from jax_dp.errors import ParamError
 from jax_dp.models.model import Model
 from jax_dp.parallel import allreduce, reduced
 
@@ -35,12 +37,12 @@ def zero_metrics() -> dict[str, jax.Array]:
     return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
 
 
-def _batch_metrics(logits, labels, mask, loss_sum):
+def batch_metrics(logits, labels, mask, loss_sum):
     correct = jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
 
 
-def _add(metrics, new):
+def add_metrics(metrics, new):
     return {**metrics, **{k: metrics[k] + v for k, v in new.items()}}
 
 
@@ -67,9 +69,16 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
     (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         reduced(state.params, axis_name, x))
-    new = allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name)
+    new = allreduce(batch_metrics(logits, y, mask, loss_sum), axis_name)
     if axis_name is not None:
         grads = grad_allreduce(grads, axis_name)
+    return apply_gradients(state, metrics, grads, new, model_state, tx)
+
+
+def apply_gradients(state: TrainState, metrics: dict, grads: Any, new: dict, model_state: Any,
+                    tx: optax.GradientTransformation) -> tuple[TrainState, dict]:
+    """The update from the global batch's summed gradients and metrics (`new`): SGD on their
+    mean over the real examples, unless they are not finite (then state stays, metrics say where)."""
     grads = jax.tree.map(lambda g: g / new["count"], grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
@@ -78,7 +87,7 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
     good = finite & (metrics["first_bad"] < 0)
     state = jax.tree.map(lambda a, b: jnp.where(good, a, b), stepped, state)
-    metrics = _add(metrics, new)
+    metrics = add_metrics(metrics, new)
     return state, {**metrics, "steps": metrics["steps"] + 1, "first_bad": jnp.where(
         ~finite & (metrics["first_bad"] < 0), metrics["steps"], metrics["first_bad"])}
 
@@ -90,26 +99,43 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
                             axis_name=axis_name)
     loss_sum = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
-    return _add(metrics, allreduce(_batch_metrics(logits, y, mask, loss_sum), axis_name))
+    return add_metrics(metrics, allreduce(batch_metrics(logits, y, mask, loss_sum), axis_name))
 
 
 class Steps(NamedTuple):
     """A model's steps for one backend: `train` is the pure per-shard step (to wrap further),
-    `train_batch` and `evaluate` its compiled forms, each taking (state, metrics, batch)."""
+    `train_batch` and `evaluate` its compiled forms, each taking (state, metrics, batch);
+    every global batch is padded to a multiple of `pad_to` rows."""
     backend: Backend
     train: Callable
     train_batch: Callable
     evaluate: Callable
+    pad_to: int
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
-               grad_allreduce: str = "psum") -> Steps:
+               grad_allreduce: str = "psum", exact: bool = False) -> Steps:
     """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
 
     grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
+    exact: the same bits on any device count (jax_dp.exact; psum only).
     """
-    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                 grad_allreduce=get_allreduce(grad_allreduce, backend.name))
-    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
-    return Steps(backend, train_fn, backend.compile(train_fn, donate_argnums=(0,)),
-                 backend.compile(eval_fn))
+    if exact:
+        from jax_dp import exact as exact_lib  # It builds on this module's update.
+
+        check_exact(backend.name, grad_allreduce, len(backend.devices))
+        if jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
+            raise ParamError(("exact", "model"), "{} is not yet written for batch statistics "
+                             "(BatchNorm): train this {} without it")
+        train_fn = functools.partial(exact_lib.train_step, model=model, tx=tx,
+                                     axis_name=backend.axis_name)
+        eval_fn = functools.partial(exact_lib.eval_step, model=model, axis_name=backend.axis_name)
+        compile = functools.partial(backend.compile, typed=False)  # Its sums are untyped ppermutes.
+        pad_to = MICRO_BATCHES
+    else:
+        train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
+                                     grad_allreduce=get_allreduce(grad_allreduce, backend.name))
+        eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
+        compile, pad_to = backend.compile, len(backend.devices)
+    return Steps(backend, train_fn, compile(train_fn, donate_argnums=(0,)), compile(eval_fn),
+                 pad_to)

@@ -61,7 +61,7 @@ def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: 
     """Sums over every example of data, each counted once, read back to the host."""
     backend, in_flight = steps.backend, dispatch.InFlight()
     metrics = backend.replicate(zero_metrics())
-    for batch in data_lib.batches(data, batch_size, num_devices=len(backend.devices)):
+    for batch in data_lib.batches(data, batch_size, pad_to=steps.pad_to):
         metrics = steps.evaluate(state, metrics, backend.shard(batch))
         in_flight.add(metrics)
     totals = {k: float(v) for k, v in backend.unreplicate(metrics).items()}
@@ -138,7 +138,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     model, tx, key = get_model(config.model, **config.options), optimizer(config), \
         jax.random.key(config.seed)
     steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
-                       config.allreduce)
+                       config.allreduce, exact=config.exact)
     backend = steps.backend
     mode = modes.make_mode(steps, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)
@@ -155,7 +155,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         start_time = time.perf_counter()
         mode.compile(state, metrics, position.step)
         eval_batch = backend.shard(data_lib.zero_batch(
-            data_lib.padded_size(config.batch_size, config.devices), test_data.images.shape[1:]))
+            data_lib.padded_size(config.batch_size, steps.pad_to), test_data.images.shape[1:]))
         steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics,
                                                            eval_batch))
         compile_s = time.perf_counter() - start_time

@@ -91,7 +91,7 @@ def test_a_config_is_frozen_and_prints_every_field_its_model_options_first():
 SAVED = TrainConfig(options={"conv": "auto", "activation": "relu"}, epochs=2)
 # A value unlike SAVED's for every field and model option.
 OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
-         "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "drop_remainder": True,
+         "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True, "drop_remainder": True,
          "data": "tfds", "train_examples": 1000, "test_examples": 100}
 
 

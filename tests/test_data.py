@@ -83,7 +83,7 @@ def small_split(n):
 def test_batches_cover_every_example_once_in_equal_padded_shapes(n, batch_size, k):
     seen = []
     order = data.epoch_order(n, jax.random.key(0))
-    for batch in data.batches(small_split(n), batch_size, num_devices=k, order=order):
+    for batch in data.batches(small_split(n), batch_size, pad_to=k, order=order):
         assert batch["image"].shape[0] == batch["label"].shape[0] == data.padded_size(batch_size, k)
         assert batch["image"].shape[0] % k == 0
         real = batch["mask"] == 1

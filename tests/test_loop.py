@@ -33,7 +33,7 @@ def assert_bitwise_equal(a, b):
 def test_calls_gather_exactly_the_batches_data_batches_gives(devices, start, drop):
     """Catches a call that skips, repeats or misorders an example, or pads unlike the host."""
     order = np.random.default_rng(2).permutation(N)
-    where = dict(num_devices=devices, order=order, start=start, drop_remainder=drop)
+    where = dict(pad_to=devices, order=order, start=start, drop_remainder=drop)
     want = list(data.batches(SPLIT, BATCH, **where))
     split = modes.on_device(SPLIT)
     got = [{"image": split["image"][index], "label": split["label"][index], "mask": mask}

@@ -183,7 +183,7 @@ def test_padded_batches_compile_once_across_epochs():
     try:  # 50 examples in batches of 16: the last batch of 2 is padded to 4, no second shape.
         for epoch in range(3):
             order = data.epoch_order(50, jax.random.key(epoch))
-            for batch in data.batches(split, 16, num_devices=4, order=order):
+            for batch in data.batches(split, 16, pad_to=4, order=order):
                 state, metrics = step(state, metrics, b.shard(batch))
         assert b.unreplicate(metrics)["count"] == 150
     finally:

@@ -33,7 +33,7 @@ def padded_and_exact(n, k, seed=0, size=28):
     rng = np.random.default_rng(seed)
     split = data.Split(rng.random((n, size, size, 1), np.float32),
                        rng.integers(0, 10, n).astype(np.int32))
-    (padded,) = data.batches(split, n, num_devices=k)
+    (padded,) = data.batches(split, n, pad_to=k)
     return padded, {"image": split.images, "label": split.labels, "mask": np.ones(n, np.float32)}
 
 
@@ -293,7 +293,7 @@ def finished_checkpoint(tmp_path_factory):
 
 # A value unlike RUN's for every field of TrainConfig and every option of its model.
 OTHER_VALUES = {"model": "resnet18", "backend": "shard_map", "allreduce": "ring", "devices": 4,
-                "batch_size": 32, "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1,
+                "batch_size": 32, "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True,
                 "drop_remainder": True, "data": "tfds", "train_examples": 32, "test_examples": 32,
                 "conv": "xla", "activation": "softplus"}
 

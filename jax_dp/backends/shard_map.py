@@ -19,8 +19,9 @@ class ShardMap(MeshBackend):
     """
     name, axis_name = "shard_map", AXIS
 
-    def compile(self, fn, donate_argnums=()):
+    def compile(self, fn, donate_argnums=(), typed=True):
         def run(*args):  # Every argument replicated but the last, the batch.
             specs = (P(),) * (len(args) - 1) + (P(AXIS),)
-            return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=P())(*args)
+            return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=P(),
+                                 check_vma=typed)(*args)
         return jax.jit(run, donate_argnums=donate_argnums)

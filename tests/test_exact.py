@@ -1,0 +1,127 @@
+"""The exact mode: the same float32 bits on 1, 2, 4 and 8 devices, for pmap and shard_map."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jax_dp import data, exact, models, step as step_lib, train
+from jax_dp.backends import make_backend
+from jax_dp.config import MICRO_BATCHES, TrainConfig
+from jax_dp.devices import get_devices
+from jax_dp.errors import ParamError
+
+LENET = models.get_model("lenet")
+
+
+def bits(tree):
+    return [np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def twenty_batches(fashion_train_6k):
+    """20 batches of 64 real Fashion-MNIST images in a shuffled order, the last only 37 real."""
+    order = np.random.default_rng(0).permutation(len(fashion_train_6k.labels))[:19 * 64 + 37]
+    split = data.Split(fashion_train_6k.images[order], fashion_train_6k.labels[order])
+    return list(data.batches(split, 64, pad_to=MICRO_BATCHES))
+
+
+def exact_run(backend, k, batches):
+    """20 SGD steps with momentum (an optimizer state to compare): state and metrics."""
+    tx = optax.sgd(0.1, momentum=0.9)
+    steps = step_lib.make_steps(LENET, tx, make_backend(backend, get_devices(k)), exact=True)
+    b = steps.backend
+    state = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
+    metrics = b.replicate(step_lib.zero_metrics())
+    for batch in batches:
+        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+    return b.unreplicate(state), b.unreplicate(metrics)
+
+
+@pytest.fixture(scope="module")
+def one_device(twenty_batches):
+    return exact_run("single", 1, twenty_batches)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_k_devices_give_one_devices_bits_after_20_steps(twenty_batches, one_device, backend, k):
+    """Catches any sum whose order follows k: params, optimizer state, loss sum and counts."""
+    state, metrics = exact_run(backend, k, twenty_batches)
+    assert bits(state) == bits(one_device[0])
+    assert bits(metrics) == bits(one_device[1]) and metrics["count"] == 19 * 64 + 37
+
+
+def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
+    """The comparison can fail: psum's sums on 8 devices move the bits."""
+    tx = optax.sgd(0.1, momentum=0.9)
+    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(8)))
+    b = steps.backend
+    state, metrics = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0))), \
+        b.replicate(step_lib.zero_metrics())
+    for batch in twenty_batches:
+        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+    assert bits(b.unreplicate(state).params) != bits(one_device[0].params)
+
+
+def test_the_tree_is_the_same_on_one_device_and_across_devices():
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    want = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+    assert np.asarray(exact.tree_sum(x)).tobytes() == want.tobytes()
+    for k in (2, 4, 8):
+        blocks = x.reshape(k, 8 // k, 5)
+        summed = jax.pmap(lambda b: exact.doubling_sum(exact.tree_sum(b), "d"), axis_name="d",
+                          devices=get_devices(k))(blocks)
+        for device in np.asarray(summed):
+            assert device.tobytes() == want.tobytes()
+
+
+def test_runs_on_1_and_2_devices_have_one_history_and_a_resume_keeps_it(tmp_path, fashion_train_6k):
+    split = data.Split(fashion_train_6k.images[:600], fashion_train_6k.labels[:600])
+    config = TrainConfig(exact=True, batch_size=64, lr=0.1, epochs=2, train_examples=600,
+                         test_examples=600)
+    runs = [train.train(dataclasses.replace(config, devices=k), split, split, log=lambda _: None)
+            for k in (1, 2)]
+    untimed = [[{k: v for k, v in e.items() if k != "time_s"} for e in r["epochs"]] for r in runs]
+    assert untimed[0] == untimed[1] and bits(runs[0]["state"]) == bits(runs[1]["state"])
+    options = dict(checkpoint_dir=str(tmp_path), log=lambda _: None)
+    train.train(dataclasses.replace(config, devices=2, epochs=1), split, split, **options)
+    resumed = train.train(dataclasses.replace(config, devices=2), split, split, resume=True, **options)
+    assert bits(resumed["state"]) == bits(runs[0]["state"])
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"backend": "jit", "devices": 2}, "exact needs its sums in a fixed order, and under backend "
+                                       "jit XLA inserts its own all-reduces: use pmap or shard_map"),
+    ({"devices": 3}, "exact cuts each batch into 8 micro-batches, which devices 3 does not divide"),
+    ({"allreduce": "ring", "devices": 2}, "exact sums in its own fixed tree: leave allreduce psum"),
+])
+def test_what_cannot_be_exact_is_refused(fields, message):
+    with pytest.raises(ParamError, match=message):
+        TrainConfig(exact=True, **fields)
+
+
+def test_a_model_with_batch_statistics_is_refused_for_now():
+    with pytest.raises(ParamError, match="exact is not yet written for batch statistics"):
+        step_lib.make_steps(models.get_model("resnet18"), optax.sgd(0.1),
+                            make_backend("pmap", get_devices(2)), exact=True)
+
+
+def test_the_command_line_trains_1_and_2_devices_to_one_history(tmp_path):
+    out = tmp_path / "runs.json"
+    proc = subprocess.run([sys.executable, "-m", "experiments.lenet", "--exact", "--devices", "1,2",
+                           "--train-examples", "600", "--test-examples", "300", "--batch-size", "64",
+                           "--epochs", "2", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "exact=True" in proc.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [[{k: v for k, v in e.items() if k != "time_s"} for e in r["epochs"]] for r in runs] == \
+        [[{k: v for k, v in e.items() if k != "time_s"} for e in runs[0]["epochs"]]] * 2
