@@ -21,6 +21,7 @@ GENERIC = {"batch_size": 256, "lr": 0.1}
 def main(args) -> None:
     """Run the comparison and print its table."""
     from jax_dp import data, devices, models
+    from jax_dp.config import MICRO_BATCHES, check_exact
     from jax_dp.measure import parity
 
     common.check_writable(args.json)
@@ -31,6 +32,10 @@ def main(args) -> None:
     lr = args.lr or defaults["lr"]
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if args.exact:
+        for backend in args.backends:
+            for k in args.devices:
+                check_exact(backend, "psum", k)
     for k in args.devices:
         if batch_size % k:
             raise ValueError(f"--batch-size {batch_size} does not split over {k} devices: "
@@ -40,16 +45,16 @@ def main(args) -> None:
     if len(split.labels) < args.steps * batch_size:
         raise ValueError(f"{args.steps} steps of {batch_size} need more than "
                          f"{len(split.labels)} training examples")
-    batches = list(data.batches(split, batch_size))
+    batches = list(data.batches(split, batch_size, pad_to=MICRO_BATCHES if args.exact else 1))
     dtype = {"float32": "float32", "float64": "float64"}[args.precision]
     import jax
 
     with jax.enable_x64(dtype == "float64"):
         result = parity.compare(models.get_model(args.model, **options), batches,
                                 [parity.Config(b, k) for b in args.backends for k in args.devices],
-                                lr=lr, seed=args.seed, dtype=dtype)
+                                lr=lr, seed=args.seed, dtype=dtype, exact=args.exact)
     result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,
-                  steps=args.steps, dtype=dtype)
+                  steps=args.steps, dtype=dtype, exact=args.exact)
     print(table(result))
     common.write_json(args.json, result)
     if args.plot:
@@ -63,8 +68,8 @@ def table(result: dict) -> str:
     ref_losses = result["runs"][0]["losses"]
     options = " ".join(f"{k}={v}" for k, v in result["options"].items())
     rows = [f"{result['model']} ({options}), global batch {result['batch_size']}, "
-            f"lr {result['lr']}, {result['steps']} steps, {result['dtype']}; "
-            "reference: single device (jax.jit)",
+            f"lr {result['lr']}, {result['steps']} steps, {result['dtype']}"
+            f"{', exact mode' if result.get('exact') else ''}; reference: single device (jax.jit)",
             "",
             "| backend | devices | max rel diff, last step | max rel diff, any step "
             "| rel L2 diff, any step | max rel loss diff | compile s | steps/s | images/s |",
@@ -97,6 +102,8 @@ def parser():
                    "others 256)")
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1, "
                    "others 0.1)")
+    p.add_argument("--exact", action="store_true", help="every run in the exact mode "
+                   "(jax_dp.exact): the differences are then zero")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
     common.add_model_options(p, model)

@@ -54,6 +54,14 @@ def _per_device(axis_name: str | None) -> int:
     return MICRO_BATCHES // (1 if axis_name is None else lax.axis_size(axis_name))
 
 
+def _each(fn, micro: dict) -> Any:
+    """fn of each micro-batch, stacked. Unrolled: XLA compiles a loop's body apart from
+    straight-line code, and removes a loop of one, so with lax.map a device holding one
+    micro-batch would compute it differently from one holding several."""
+    outs = [fn(jax.tree.map(lambda x: x[i], micro)) for i in range(jax.tree.leaves(micro)[0].shape[0])]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+
 def _summed(stacked: Any, axis_name: str | None) -> Any:
     total = tree_sum(stacked)
     return total if axis_name is None else doubling_sum(total, axis_name)
@@ -72,7 +80,7 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         (loss_sum, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         return grads, batch_metrics(logits, micro["label"], micro["mask"], loss_sum)
 
-    grads, new = _summed(lax.map(one, micro_batches(batch, _per_device(axis_name))), axis_name)
+    grads, new = _summed(_each(one, micro_batches(batch, _per_device(axis_name))), axis_name)
     return apply_gradients(state, metrics, grads, new, state.model_state, tx)
 
 
@@ -85,5 +93,5 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, micro["label"])
         return batch_metrics(logits, micro["label"], micro["mask"], jnp.sum(losses * micro["mask"]))
 
-    new = _summed(lax.map(one, micro_batches(batch, _per_device(axis_name))), axis_name)
+    new = _summed(_each(one, micro_batches(batch, _per_device(axis_name))), axis_name)
     return add_metrics(metrics, new)

@@ -51,17 +51,18 @@ class Config(NamedTuple):
 
 
 def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *, lr: float,
-            seed: int = 0, dtype=jnp.float32) -> dict:
+            seed: int = 0, dtype=jnp.float32, exact: bool = False) -> dict:
     """Step every config in lockstep from the same params on the same global batches.
 
     The reference is the single-device jax.jit step. After each step every config's
     params (and model state, e.g. BatchNorm statistics) are compared with the
     reference's by max_rel_diff; each step is timed to completion, apart from compiling.
+    With exact, every run (the reference too) takes the exact mode's step.
     """
     tx = optax.sgd(lr)
     # On the host, so each backend places (and may donate) its own copy.
     init = jax.device_get(cast(step_lib.init_state(model, tx, jax.random.key(seed)), dtype))
-    runners = [_Runner(model, tx, c, init, batches[0], dtype)
+    runners = [_Runner(model, tx, c, init, batches[0], dtype, exact)
                for c in [Config("single", 1), *configs]]
     reference, others = runners[0], runners[1:]
     for batch in batches:
@@ -75,10 +76,11 @@ def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *,
 class _Runner:
     """One config's state, compiled step, timings and divergence from the reference."""
 
-    def __init__(self, model, tx, config, init, example_batch, dtype):
+    def __init__(self, model, tx, config, init, example_batch, dtype, exact):
         self.config = config
         self.steps = step_lib.make_steps(model, tx, make_backend(config.backend,
-                                                              get_devices(config.devices)))
+                                                              get_devices(config.devices)),
+                                         exact=exact)
         backend = self.steps.backend
         self.state = backend.replicate(init)
         start = time.perf_counter()
