@@ -99,7 +99,11 @@ def check_prepared(folder: Path, split: str) -> None:
     files = sorted(folder.glob(f"*-{split}.array_record*"))
     digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
     record = folder / CHECKSUMS
-    recorded = json.loads(record.read_text()) if record.exists() else {}
+    try:
+        recorded = json.loads(record.read_text()) if record.exists() else {}
+    except (ValueError, OSError) as e:
+        raise ParamError("data_dir", f"{record} cannot be read ({type(e).__name__}): delete it "
+                         "to record the prepared files' checksums anew") from None
     for name, digest in digests.items():
         if name not in recorded:
             continue

@@ -9,6 +9,7 @@ import jax
 
 def requested_processes(num_processes: int | None = None) -> int:
     """How many processes the run has: the flag, $JAX_NUM_PROCESSES, SLURM's task count, or 1."""
+    _check_count(num_processes)
     return (num_processes or _env_int("JAX_NUM_PROCESSES") or _env_int("SLURM_NTASKS") or 1)
 
 
@@ -20,8 +21,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     JAX_PROCESS_ID (what experiments.launch sets); under SLURM with several tasks, JAX
     finds them itself. Must run after simulating CPU devices, before any JAX operation.
     """
+    _check_count(num_processes)
     coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
     num_processes = num_processes or _env_int("JAX_NUM_PROCESSES")
+    host, _, port = (coordinator or "").rpartition(":")
+    if coordinator and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"--coordinator must be HOST:PORT (process 0's address and a free "
+                         f"port, e.g. localhost:12345), got {coordinator!r}")
     process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
     slurm = (_env_int("SLURM_NTASKS") or 1) > 1 and not coordinator
     if not (coordinator or (num_processes or 1) > 1 or slurm):
@@ -34,6 +40,11 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes, process_id)
     return True
+
+
+def _check_count(num_processes: int | None) -> None:
+    if num_processes is not None and num_processes < 1:
+        raise ValueError(f"--num-processes must be at least 1, got {num_processes}")
 
 
 def _env_int(name: str) -> int | None:

@@ -40,6 +40,12 @@ def one_line(proc, code, message):
      "--batch-size 1000 is more than the 512 training examples (--train-examples): pass at most 512"),
     (["--batch-size", "64,100000", "--devices", "1,2"], "--batch-size 100000 is more than the 512"),
     (["--data-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --data-dir"),
+    (["--num-processes", "0"], "--num-processes must be at least 1, got 0"),
+    (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],
+     "--coordinator must be HOST:PORT (process 0's address and a free port, e.g. "
+     "localhost:12345), got 'bad'"),
+    (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/2dev-bs64-lr0.2 "
+                                            "(Not a directory): pass a writable --checkpoint-dir"),
 ])
 def test_bad_values_are_one_line_before_training(flags, message):
     one_line(lenet(*flags), 2, message)

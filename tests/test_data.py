@@ -145,6 +145,13 @@ def test_a_prepared_file_that_changed_is_refused_naming_it(prepared_copy):
         data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)
 
 
+def test_a_garbled_checksum_record_is_one_line_with_the_fix(prepared_copy):
+    record = prepared_copy / "fashion_mnist_idx" / "1.0.0" / data.CHECKSUMS
+    record.write_text("{garbage")
+    with pytest.raises(ValueError, match=rf"{record} cannot be read \(JSONDecodeError\): delete it"):
+        data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)
+
+
 def test_a_read_only_data_dir_that_holds_the_data_still_loads(prepared_copy, monkeypatch):
     """Users share datasets: nothing needs writing once the data are prepared."""
     def read_only(*args, **kwargs):
