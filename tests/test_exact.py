@@ -127,3 +127,12 @@ def test_the_command_line_trains_1_and_2_devices_to_one_history(tmp_path):
     runs = json.loads(out.read_text())["runs"]
     assert [[{k: v for k, v in e.items() if k != "time_s"} for e in r["epochs"]] for r in runs] == \
         [[{k: v for k, v in e.items() if k != "time_s"} for e in runs[0]["epochs"]]] * 2
+
+
+def test_steps_per_call_keep_the_bits(fashion_train_6k):
+    """Many steps per compiled call (under lax.scan) give the exact mode's bits too."""
+    split = data.Split(fashion_train_6k.images[:600], fashion_train_6k.labels[:600])
+    config = TrainConfig(exact=True, devices=2, batch_size=64, lr=0.1, epochs=1,
+                         train_examples=600, test_examples=600)
+    runs = [train.train(config, split, split, steps_per_call=n, log=lambda _: None) for n in (1, 3)]
+    assert bits(runs[0]["state"]) == bits(runs[1]["state"])
