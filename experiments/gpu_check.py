@@ -1,0 +1,181 @@
+"""One prepared check of a machine's accelerator: what it has, how fast, and do devices agree.
+
+Run on a GPU: `python -m experiments.gpu_check --json gpu_check.json` (a few minutes). It prints
+a table and writes, in one JSON: the devices and versions; LeNet at 1, 4, 16 and 64 steps per
+compiled call (seconds per epoch, images per second, compile time); ResNet-18 at the book's
+1-device configuration over a fixed number of steps; float32 agreement of one device with
+pmap, shard_map and jit; the exact mode's cost; and peak device memory. `--quick` runs the
+same with tiny sizes (on CPU, as the tests do).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import time
+from pathlib import Path
+
+from experiments import common
+
+FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
+        "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20, "exact_steps": 50}
+QUICK = {"lenet_examples": 512, "lenet_batch": 64, "calls": (1, 4),
+         "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2, "exact_steps": 4}
+PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax")
+
+
+def versions() -> dict:
+    """The versions of JAX, its plugins and this project's libraries that are installed."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return {**found, "python": platform.python_version()}
+
+
+def lenet_calls(sizes: dict, train_data, test_data) -> list[dict]:
+    """A LeNet epoch on one device at each number of steps per compiled call."""
+    from jax_dp import train
+    from jax_dp.config import TrainConfig
+
+    rows = []
+    for n in sizes["calls"]:
+        config = TrainConfig(devices=1, batch_size=sizes["lenet_batch"], epochs=1,
+                             train_examples=len(train_data.labels), test_examples=len(test_data.labels))
+        run = train.train(config, train_data, test_data, steps_per_call=n, log=lambda _: None)
+        epoch_s = run["epochs"][0]["time_s"]
+        rows.append({"steps_per_call": n, "epoch_s": epoch_s, "compile_s": run["compile_s"],
+                     "images_per_s": len(train_data.labels) / epoch_s,
+                     "test_acc": run["epochs"][0]["test_acc"]})
+    return rows
+
+
+def resnet18_book(sizes: dict, device) -> dict:
+    """ResNet-18's step at the book's 1-device configuration (batch 256, lr 0.1)."""
+    import numpy as np
+
+    from jax_dp import models
+    from jax_dp.measure import benchmark
+
+    rng = np.random.default_rng(0)
+    batches = [{"image": rng.random((sizes["resnet_batch"], 28, 28, 1), np.float32),
+                "label": rng.integers(0, 10, sizes["resnet_batch"]).astype(np.int32),
+                "mask": np.ones(sizes["resnet_batch"], np.float32)} for _ in range(sizes["resnet_steps"])]
+    timed = benchmark.time_steps(models.get_model("resnet18"), "single", [device], batches,
+                                 repeats=2, lr=0.1)
+    step_s = float(np.median(timed["step_s"]))
+    return {"batch_size": sizes["resnet_batch"], "steps": sizes["resnet_steps"], "step_s": step_s,
+            "images_per_s": sizes["resnet_batch"] / step_s, "compile_s": timed["compile_s"],
+            "convolution": "jax_dp.conv (canonical gradients)"}
+
+
+def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
+    """LeNet's float32 params after some steps on every backend against one device (jax.jit)."""
+    from jax_dp import data, models
+    from jax_dp.measure import parity
+
+    batches = list(data.batches(train_data, sizes["lenet_batch"]))[:sizes["compare_steps"]]
+    counts = sorted({1, devices})
+    result = parity.compare(models.get_model("lenet"), batches,
+                            [parity.Config(b, k) for b in ("pmap", "shard_map", "jit") for k in counts],
+                            lr=0.2)
+    return [{"backend": r["backend"], "devices": r["devices"], "max_rel_diff": r["max_rel_diff"]}
+            for r in result["runs"][1:]]
+
+
+def exact_cost(sizes: dict, train_data, device) -> dict:
+    """The exact mode's LeNet step against the normal one, on one device, alternating."""
+    import jax
+    import numpy as np
+    import optax
+
+    from jax_dp import data, dispatch, models, step as step_lib
+    from jax_dp.backends import make_backend
+    from jax_dp.config import MICRO_BATCHES
+
+    model, tx = models.get_model("lenet"), optax.sgd(0.1)
+    batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))
+    batches = (batches * sizes["exact_steps"])[:sizes["exact_steps"]]
+
+    def timed(exact):
+        steps = step_lib.make_steps(model, tx, make_backend("pmap", [device]), exact=exact)
+        b = steps.backend
+        state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
+        metrics, placed = b.replicate(step_lib.zero_metrics()), [b.shard(x) for x in batches]
+        state, metrics = jax.block_until_ready(steps.train_batch(state, metrics, placed[0]))
+        in_flight, start = dispatch.InFlight(), time.perf_counter()
+        for x in placed:
+            state, metrics = steps.train_batch(state, metrics, x)
+            in_flight.add(metrics)
+        in_flight.drain()
+        return (time.perf_counter() - start) / len(placed)
+
+    normal, exact = zip(*[(timed(False), timed(True)) for _ in range(3)])
+    return {"normal_step_s": float(np.median(normal)), "exact_step_s": float(np.median(exact)),
+            "ratio": float(np.median(np.divide(exact, normal)))}
+
+
+def peak_memory(device) -> int | None:
+    """The device's peak bytes in use so far (None where the platform does not say)."""
+    stats = device.memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def main(args) -> None:
+    """Run every part of the check, print its table, write its JSON."""
+    common.check_writable(args.json)
+    from jax_dp import data, devices as devices_lib
+
+    sizes = QUICK if args.quick else FULL
+    if args.quick:
+        devices_lib.setup_devices([2])  # On CPU: two simulated devices to compare.
+    import jax
+
+    device = jax.devices()[0]
+    train_data = data.load_fashion_mnist("train", limit=sizes["lenet_examples"])
+    test_data = data.load_fashion_mnist("test", limit=min(10_000, sizes["lenet_examples"]))
+    result = {"platform": device.platform, "device_kind": device.device_kind,
+              "devices": jax.device_count(), "versions": versions(), "quick": args.quick}
+    print(f"{jax.device_count()} x {device.device_kind} ({device.platform}); "
+          + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), flush=True)
+    result["lenet_steps_per_call"] = lenet_calls(sizes, train_data, test_data)
+    result["resnet18_book"] = resnet18_book(sizes, device)
+    result["agreement"] = agreement(sizes, train_data, jax.device_count())
+    result["exact"] = exact_cost(sizes, train_data, device)
+    result["peak_bytes"] = peak_memory(device)
+    print(table(result))
+    common.write_json(args.json, result)
+
+
+def table(result: dict) -> str:
+    """The check as Markdown tables."""
+    lines = ["| LeNet steps per call | seconds per epoch | images/s | compile s |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r['steps_per_call']} | {r['epoch_s']:.2f} | {r['images_per_s']:.0f} | "
+              f"{r['compile_s']:.1f} |" for r in result["lenet_steps_per_call"]]
+    best = max(result["lenet_steps_per_call"], key=lambda r: r["images_per_s"])
+    r18 = result["resnet18_book"]
+    lines += ["", f"fastest LeNet: {best['steps_per_call']} steps per call "
+              "(jax_dp.modes.STEPS_PER_CALL for this platform)",
+              f"ResNet-18, batch {r18['batch_size']}: {r18['step_s'] * 1e3:.1f} ms per step, "
+              f"{r18['images_per_s']:.0f} images/s (compile {r18['compile_s']:.1f} s)", "",
+              "| backend | devices | max rel diff against one device |", "|---|---:|---:|"]
+    lines += [f"| {r['backend']} | {r['devices']} | {r['max_rel_diff']:.1e} |" for r in result["agreement"]]
+    e = result["exact"]
+    lines += ["", f"exact mode: {e['exact_step_s'] * 1e3:.1f} ms per LeNet step against "
+              f"{e['normal_step_s'] * 1e3:.1f} ms ({e['ratio']:.2f}x)",
+              f"peak device memory: {result['peak_bytes'] if result['peak_bytes'] is not None else 'n/a'} bytes"]
+    return "\n".join(lines)
+
+
+def parser() -> common.OneLineParser:
+    p = common.cli_parser(__spec__.name, __doc__)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, two simulated CPU devices: checks the check itself")
+    p.add_argument("--json", type=Path, help="write every figure here")
+    return p
+
+
+if __name__ == "__main__":
+    common.run(main, parser)
