@@ -13,12 +13,23 @@ from jax import lax
 from jax_dp.parallel import same_varying
 
 CANONICAL = ("NHWC", "HWIO", "NHWC")
+# How the gradients are written: as canonical forward convolutions (below), or XLA's own.
+GRADS = ("auto", "canonical", "xla")
+# Where canonical gradients were measured faster: XLA:CPU only (docs/speed.md). Elsewhere
+# 'auto' keeps XLA's own until a measurement there says otherwise (experiments.gpu_check).
+CANONICAL_ON = ("cpu",)
+
+
+def resolve_grads(grads: str, platform: str) -> str:
+    """'canonical' or 'xla': grads itself, or for 'auto' the choice made for platform."""
+    return grads if grads != "auto" else "canonical" if platform in CANONICAL_ON else "xla"
 
 
 def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
-         padding: str | Sequence[tuple[int, int]] = "VALID") -> jax.Array:
+         padding: str | Sequence[tuple[int, int]] = "VALID", grads: str = "auto") -> jax.Array:
     """NHWC images x HWIO kernel -> NHWC, as lax.conv_general_dilated, with the same values
-    and gradients; only how the gradients are written differs.
+    and gradients; only how the gradients are written differs (grads: GRADS, 'auto'
+    resolved for the platform when traced).
 
     XLA:CPU runs a convolution on its fast kernels only in canonical form (NHWC input,
     HWIO kernel, NHWC output). JAX's own gradient convolutions are not canonical: XLA
@@ -33,6 +44,8 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
     x, w = same_varying(x, w)
     pads = tuple(lax.padtype_to_pads(x.shape[1:3], w.shape[:2], strides, padding)
                  if isinstance(padding, str) else map(tuple, padding))
+    if resolve_grads(grads, jax.default_backend()) == "xla":
+        return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
     return _conv(x, w, strides, pads)
 
 
@@ -105,10 +118,10 @@ _conv.defvjp(_conv_fwd, _conv_bwd)
 
 
 def flax_conv(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-              dimension_numbers=None, feature_group_count=1, precision=None):
+              dimension_numbers=None, feature_group_count=1, precision=None, grads="auto"):
     """conv in the signature flax.linen.Conv calls (its `conv_general_dilated=`), for the
     plain case it uses: NHWC x HWIO, no dilation, one feature group."""
     del dimension_numbers, precision  # Flax's are NHWC/HWIO; XLA:CPU's default precision.
     if any(d != 1 for d in (*(lhs_dilation or ()), *(rhs_dilation or ()))) or feature_group_count != 1:
         raise NotImplementedError("jax_dp's conv has no dilation and no feature groups")
-    return conv(lhs, rhs, window_strides, padding)
+    return conv(lhs, rhs, window_strides, padding, grads)

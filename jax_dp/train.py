@@ -18,7 +18,7 @@ from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import TrainConfig, check_step_timeout
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.models import get_model, model_options
+from jax_dp.models import auto_choices, get_model, model_options
 from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
 
 
@@ -134,7 +134,9 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                step_timeout)
     config = dataclasses.replace(config, options=model_options(config.model, config.options,
                                                                config.backend))
-    log(f"config: {config}")
+    chosen = auto_choices(config.model, config.options, jax.default_backend())
+    log(f"config: {config}" + (f" (auto on {jax.default_backend()}: "
+                               + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
     model, tx, key = get_model(config.model, **config.options), optimizer(config), \
         jax.random.key(config.seed)
     steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),

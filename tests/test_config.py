@@ -64,9 +64,9 @@ def test_a_bad_model_option_is_refused_by_the_models_declaration(model, options,
 
 
 def test_model_options_are_the_declared_defaults_in_order_overridden_by_the_given():
-    assert models.model_options("lenet") == {"conv": "auto", "activation": "relu"}
+    assert models.model_options("lenet") == {"conv": "auto", "activation": "relu", "conv_grads": "auto"}
     assert models.model_options("resnet18", {"activation": "softplus"}) == {
-        "bn": "sync", "activation": "softplus"}
+        "bn": "sync", "activation": "softplus", "conv_grads": "auto"}
     assert models.model_options("resnet18", {"bn": "local"}, "pmap")["bn"] == "local"
 
 
@@ -84,11 +84,11 @@ def test_a_config_is_frozen_and_prints_every_field_its_model_options_first():
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.lr = 1.0
     text = str(c)
-    assert text.startswith("model=resnet18 bn=sync activation=relu backend=pmap")
+    assert text.startswith("model=resnet18 bn=sync activation=relu conv_grads=auto backend=pmap")
     assert "devices=2 batch_size=512" in text and "conv=" not in text and "options" not in text
 
 
-SAVED = TrainConfig(options={"conv": "auto", "activation": "relu"}, epochs=2)
+SAVED = TrainConfig(options={"conv": "auto", "activation": "relu", "conv_grads": "auto"}, epochs=2)
 # A value unlike SAVED's for every field and model option.
 OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
          "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True, "drop_remainder": True,
@@ -99,15 +99,15 @@ def test_every_field_has_a_differing_value_to_try():
     assert set(OTHER) | {"options"} == {f.name for f in dataclasses.fields(TrainConfig)}
 
 
-@pytest.mark.parametrize("field", sorted(OTHER) + ["conv", "activation"])
+@pytest.mark.parametrize("field", sorted(OTHER) + ["conv", "activation", "conv_grads"])
 def test_a_resume_is_refused_for_a_change_of_any_field_or_model_option(field):
     """Catches any field exempted from the check (only a larger epochs may change)."""
     if field in OTHER:
         changed = dataclasses.replace(SAVED, **{field: OTHER[field]}, **(
             {"backend": "pmap"} if field == "allreduce" else {}))
     else:
-        changed = dataclasses.replace(SAVED, options={**SAVED.options, field: "im2col" if field ==
-                                                      "conv" else "softplus"})
+        other = {"conv": "im2col", "activation": "softplus", "conv_grads": "xla"}[field]
+        changed = dataclasses.replace(SAVED, options={**SAVED.options, field: other})
     want = {field: (SAVED.fields()[field], changed.fields()[field])}
     assert changed.differences(dataclasses.asdict(SAVED)) == want  # That field, and only it.
 

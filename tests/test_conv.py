@@ -126,3 +126,26 @@ def test_the_guard_fails_for_plain_lax_conv_in_a_scan():
     ours = lambda w, xs: jax.lax.scan(lambda w, x: (w - jax.grad(
         lambda w: jnp.sum(conv(x, w)))(w), None), w, xs)[0]
     assert all_canonical(conv_layouts(ours, w, jnp.ones((3, 8, 12, 12, 20))))
+
+
+def test_gradients_are_canonical_on_cpu_and_xlas_own_elsewhere_unless_chosen():
+    """Catches a CPU workaround applied on other platforms: 'auto' keeps XLA's own gradients
+    off CPU; either can still be chosen, and both give the same values and gradients."""
+    from jax_dp.conv import resolve_grads
+
+    assert resolve_grads("auto", "cpu") == "canonical"
+    assert resolve_grads("auto", "gpu") == resolve_grads("auto", "tpu") == "xla"
+    assert resolve_grads("canonical", "gpu") == "canonical" and resolve_grads("xla", "cpu") == "xla"
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=(4, 9, 9, 3)).astype(np.float32), rng.normal(size=(3, 3, 3, 5)).astype(np.float32)
+    loss = lambda grads: lambda x, w: jnp.sum(conv(x, w, (2, 2), "SAME", grads=grads) ** 2)
+    ours, xlas = (jax.value_and_grad(loss(g), (0, 1))(x, w) for g in ("canonical", "xla"))
+    np.testing.assert_allclose(ours[0], xlas[0], rtol=1e-5)
+    for a, b in zip(ours[1], xlas[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # Inside a loop only the canonical gradients stay in XLA:CPU's fast form.
+    def scanned(grads):
+        body = lambda w, _: (w - 0.1 * jax.grad(loss(grads), 1)(x, w), None)
+        return lambda w: jax.lax.scan(body, w, None, length=2)[0]
+    assert all_canonical(conv_layouts(scanned("canonical"), w))
+    assert not all_canonical(conv_layouts(scanned("xla"), w))

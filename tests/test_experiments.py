@@ -105,7 +105,7 @@ def test_compare_prints_the_table_and_writes_json_and_plot(tmp_path):
     proc = run("experiments.compare", "--devices", "1,2", "--backends", "pmap,jit", "--steps", "2",
                "--batch-size", "8", "--json", str(out), "--plot", str(plot))
     assert proc.returncode == 0, proc.stderr
-    assert "lenet (conv=auto activation=relu), global batch 8, lr 0.2, 2 steps, float32" in proc.stdout
+    assert "lenet (conv=auto activation=relu conv_grads=auto), global batch 8, lr 0.2, 2 steps, float32" in proc.stdout
     assert "| single | 1 | reference |" in proc.stdout and "| jit | 2 | " in proc.stdout
     result = json.loads(out.read_text())
     assert result["reference"] == "single"

@@ -295,7 +295,7 @@ def finished_checkpoint(tmp_path_factory):
 OTHER_VALUES = {"model": "resnet18", "backend": "shard_map", "allreduce": "ring", "devices": 4,
                 "batch_size": 32, "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True,
                 "drop_remainder": True, "data": "tfds", "train_examples": 32, "test_examples": 32,
-                "conv": "xla", "activation": "softplus"}
+                "conv": "xla", "activation": "softplus", "conv_grads": "xla"}
 
 
 def test_every_field_and_model_option_has_a_value_to_resume_with():
@@ -307,7 +307,7 @@ def test_every_field_and_model_option_has_a_value_to_resume_with():
 def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint, field):
     """Catches a field or model option exempted from the check: every one is refused by name."""
     value = OTHER_VALUES[field]
-    if field in ("conv", "activation"):
+    if field in ("conv", "activation", "conv_grads"):
         config = dataclasses.replace(RUN, options={field: value})
     else:
         config = dataclasses.replace(RUN, **{field: value})
@@ -316,7 +316,7 @@ def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint,
     with pytest.raises(ParamError) as e:
         train.train(config, train_split, test, resume=True,
                     checkpoint_dir=str(finished_checkpoint), log=quiet)
-    old = models.model_options(RUN.model)[field] if field in ("conv", "activation") else \
+    old = models.model_options(RUN.model)[field] if field in ("conv", "activation", "conv_grads") else \
         getattr(RUN, field)
     assert f"was written with {field} {old!r}, this run has {field} {value!r}" in str(e.value)
     assert e.value.params == (field, field, "checkpoint_dir")

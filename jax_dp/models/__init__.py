@@ -46,6 +46,12 @@ def model_options(name: str, options: dict | None = None, backend: str | None = 
     return options
 
 
+def auto_choices(name: str, options: dict, platform: str) -> dict:
+    """What the model's 'auto' options stand for on platform (its module's optional auto())."""
+    auto = getattr(model_module(name), "auto", None)
+    return auto(options, platform) if auto else {}
+
+
 def get_model(name: str, **options):
     """The Model called name, built with options (model_options fills in the defaults)."""
     return model_module(name).make(**model_options(name, options))

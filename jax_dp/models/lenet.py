@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_dp.conv import conv
-from jax_dp.models.model import ACTIVATION, ACTIVATIONS, Model, Option
+from jax_dp.conv import conv, resolve_grads
+from jax_dp.models.model import ACTIVATION, ACTIVATIONS, CONV_GRADS, Model, Option
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -28,10 +30,10 @@ def init_lenet(key: jax.Array, scale: float = 0.01) -> Params:
             for k, (name, shape) in zip(keys, SHAPES)}
 
 
-def conv2d(x: jax.Array, layer: dict) -> jax.Array:
-    """A valid, stride-1 convolution of NHWC images with HWIO weights, plus bias (XLA's conv,
-    its gradients kept in XLA:CPU's fast form: jax_dp.conv)."""
-    return conv(x, layer["w"]) + layer["b"]
+def conv2d(x: jax.Array, layer: dict, grads: str = "auto") -> jax.Array:
+    """A valid, stride-1 convolution of NHWC images with HWIO weights, plus bias (XLA's conv;
+    grads: how its gradients are written, jax_dp.conv)."""
+    return conv(x, layer["w"], grads=grads) + layer["b"]
 
 
 def conv2d_im2col(x: jax.Array, layer: dict) -> jax.Array:
@@ -70,16 +72,28 @@ OPTIONS = (
            "convolution: lax.conv ('xla', the readable one), or one matrix product per layer "
            "('im2col'); auto: the fastest measured on CPU, xla elsewhere"),
     ACTIVATION,
+    CONV_GRADS,
 )
 
 
-def make(conv: str = "auto", activation: str = "relu") -> Model:
-    """LeNet as a Model (OPTIONS: conv 'auto' picks CPU_CONV on XLA:CPU, xla elsewhere)."""
+def auto(options: dict, platform: str) -> dict:
+    """What each 'auto' option of options stands for on platform."""
+    chosen = {"conv": CPU_CONV if platform == "cpu" else "xla",
+              "conv_grads": resolve_grads("auto", platform)}
+    return {name: value for name, value in chosen.items() if options.get(name) == "auto"}
+
+
+def make(conv: str = "auto", activation: str = "relu", conv_grads: str = "auto") -> Model:
+    """LeNet as a Model (OPTIONS; 'auto' values as auto() says for the platform)."""
     act = ACTIVATIONS[activation]
 
     def apply(params, state, x, mask, *, train, axis_name):
         # 'auto' is resolved when the step is traced: a model is made before JAX's backend starts.
-        chosen = conv if conv != "auto" else CPU_CONV if jax.default_backend() == "cpu" else "xla"
-        return lenet(params, x, CONVS[chosen], act), state
+        chosen = {"conv": conv, "conv_grads": conv_grads,
+                  **auto({"conv": conv, "conv_grads": conv_grads}, jax.default_backend())}
+        convolve = CONVS[chosen["conv"]]
+        if convolve is conv2d:
+            convolve = functools.partial(conv2d, grads=chosen["conv_grads"])
+        return lenet(params, x, convolve, act), state
 
     return Model(init=lambda key: (init_lenet(key), {}), apply=apply)

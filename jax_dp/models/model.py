@@ -32,3 +32,6 @@ ACTIVATIONS = {"relu": jax.nn.relu, "softplus": jax.nn.softplus}
 ACTIVATION = Option("activation", "relu", tuple(ACTIVATIONS),
                     "relu (the book's), or softplus, which has no kink for round-off to tip a "
                     "unit across")
+CONV_GRADS = Option("conv_grads", "auto", ("auto", "canonical", "xla"),
+                    "convolution gradients as canonical forward convolutions (measured faster on "
+                    "XLA:CPU) or XLA's own; auto: canonical on CPU, XLA's own elsewhere")

@@ -9,17 +9,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jax_dp.conv import flax_conv
+from jax_dp.conv import flax_conv, resolve_grads
 from jax_dp.errors import ParamError
 from jax_dp.models.batch_norm import normalize
-from jax_dp.models.model import ACTIVATION, ACTIVATIONS, Model, Option
+from jax_dp.models.model import ACTIVATION, ACTIVATIONS, CONV_GRADS, Model, Option
 
 # The book's initialisation, Normal(0, 0.01) for every convolution and dense weight,
 # biases zero; BatchNorm after each convolution keeps the signal alive despite the scale.
 conv_init = nn.initializers.normal(0.01)
 # A convolution followed by BatchNorm gets no bias: BatchNorm subtracts the mean, so such a
 # bias has an exactly zero gradient and would hold only round-off noise (the book keeps it).
-conv_bn = partial(nn.Conv, use_bias=False, kernel_init=conv_init, conv_general_dilated=flax_conv)
+conv_bn = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
 
 
 class BatchNorm(nn.Module):
@@ -59,16 +59,19 @@ class Residual(nn.Module):
     use_1x1conv: bool = False
     axis_name: str | None = None
     act: Callable = nn.relu
+    grads: str = "auto"  # How convolution gradients are written (jax_dp.conv.GRADS).
 
     @nn.compact
     def __call__(self, x, mask, train):
         norm = partial(BatchNorm, axis_name=self.axis_name)
-        y = conv_bn(self.channels, (3, 3), self.strides, padding=1)(x)
+        convolve = partial(flax_conv, grads=self.grads)
+        y = conv_bn(self.channels, (3, 3), self.strides, padding=1, conv_general_dilated=convolve)(x)
         y = self.act(norm()(y, mask, train))
-        y = norm()(conv_bn(self.channels, (3, 3), padding=1)(y), mask, train)
+        y = norm()(conv_bn(self.channels, (3, 3), padding=1, conv_general_dilated=convolve)(y),
+                   mask, train)
         if self.use_1x1conv:
             x = nn.Conv(self.channels, (1, 1), self.strides, kernel_init=conv_init,
-                        conv_general_dilated=flax_conv)(x)
+                        conv_general_dilated=convolve)(x)
         return self.act(y + x)
 
 
@@ -79,16 +82,18 @@ class ResNet(nn.Module):
     num_classes: int = 10
     axis_name: str | None = None
     act: Callable = nn.relu
+    grads: str = "auto"  # How convolution gradients are written (jax_dp.conv.GRADS).
 
     @nn.compact
     def __call__(self, x, mask, train):
-        x = conv_bn(self.stage_channels[0], (3, 3), padding=1)(x)
+        x = conv_bn(self.stage_channels[0], (3, 3), padding=1,
+                    conv_general_dilated=partial(flax_conv, grads=self.grads))(x)
         x = self.act(BatchNorm(self.axis_name)(x, mask, train))
         for stage, channels in enumerate(self.stage_channels):
             for block in range(self.blocks_per_stage):
                 downsample = stage > 0 and block == 0
                 x = Residual(channels, strides=2 if downsample else 1, use_1x1conv=downsample,
-                             axis_name=self.axis_name, act=self.act)(x, mask, train)
+                             axis_name=self.axis_name, act=self.act, grads=self.grads)(x, mask, train)
         x = jnp.mean(x, axis=(1, 2))  # Global average pool.
         return nn.Dense(self.num_classes, kernel_init=conv_init)(x)
 
@@ -100,6 +105,7 @@ OPTIONS = (
            "BatchNorm statistics of the global batch (sync) or of each device's shard "
            "(local, the book's)"),
     ACTIVATION,
+    CONV_GRADS,
 )
 # The YNNPACK fusion set (xla_options.FUSIONS) measured fastest on XLA:CPU (docs/speed.md).
 CPU_FUSION = "ynn-noconv"
@@ -112,7 +118,13 @@ def check(options: dict, backend: str) -> None:
                          "{} pmap can hold; use it")
 
 
-def make(bn: str = "sync", activation: str = "relu", num_classes: int = 10) -> Model:
+def auto(options: dict, platform: str) -> dict:
+    """What each 'auto' option of options stands for on platform."""
+    return {"conv_grads": resolve_grads("auto", platform)} if options.get("conv_grads") == "auto" else {}
+
+
+def make(bn: str = "sync", activation: str = "relu", conv_grads: str = "auto",
+         num_classes: int = 10) -> Model:
     """ResNet-18 as a Model (OPTIONS: bn 'sync' uses global-batch statistics, 'local' per-device ones)."""
     act = ACTIVATIONS[activation]
 
@@ -123,7 +135,7 @@ def make(bn: str = "sync", activation: str = "relu", num_classes: int = 10) -> M
 
     def apply(params, state, x, mask, *, train, axis_name):
         module = ResNet18(num_classes=num_classes, axis_name=axis_name if bn == "sync" else None,
-                          act=act)
+                          act=act, grads=conv_grads)
         variables = {"params": params, "batch_stats": state}
         if not train:
             return module.apply(variables, x, mask, train=False), state
