@@ -44,9 +44,7 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
     x, w = same_varying(x, w)
     pads = tuple(lax.padtype_to_pads(x.shape[1:3], w.shape[:2], strides, padding)
                  if isinstance(padding, str) else map(tuple, padding))
-    if resolve_grads(grads, jax.default_backend()) == "xla":
-        return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
-    return _conv(x, w, strides, pads)
+    return _conv(x, w, strides, pads, grads)
 
 
 def _plain(x, w, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1)):
@@ -54,17 +52,22 @@ def _plain(x, w, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1)):
                                     dimension_numbers=CANONICAL)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _conv(x, w, strides, pads):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _conv(x, w, strides, pads, grads):
     return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
 
 
-def _conv_fwd(x, w, strides, pads):
-    return _conv(x, w, strides, pads), (x, w)
+def _conv_fwd(x, w, strides, pads, grads):
+    return _conv(x, w, strides, pads, grads), (x, w)
 
 
-def _conv_bwd(strides, pads, residuals, g):
+def _conv_bwd(strides, pads, grads, residuals, g):
     x, w = residuals
+    # Resolved here, when a gradient is traced: the platform is known by then, while asking
+    # for it earlier (a model's init, traced for its shapes) would start JAX's backend.
+    if resolve_grads(grads, jax.default_backend()) == "xla":
+        return jax.vjp(lambda x, w: lax.conv_general_dilated(
+            x, w, strides, pads, dimension_numbers=CANONICAL), x, w)[1](g)
     sizes, kernel = x.shape[1:3], w.shape[:2]
     # Rows the forward pass never reached (size + padding - k not a multiple of the stride)
     # get a zero gradient: the extra high padding below.

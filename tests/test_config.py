@@ -84,7 +84,7 @@ def test_a_config_is_frozen_and_prints_every_field_its_model_options_first():
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.lr = 1.0
     text = str(c)
-    assert text.startswith("model=resnet18 bn=sync activation=relu conv_grads=auto backend=pmap")
+    assert text.startswith("model=resnet18 bn=sync activation=relu backend=pmap")
     assert "devices=2 batch_size=512" in text and "conv=" not in text and "options" not in text
 
 

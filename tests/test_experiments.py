@@ -31,7 +31,7 @@ def test_lenet_prints_the_books_lines_and_writes_the_json(tmp_path):
     assert "\r" not in proc.stderr and "batch" not in proc.stderr, proc.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [runs[i]["config"] for i in (0, 1)] == [dataclasses.asdict(TrainConfig(
-        options={"conv": "auto", "activation": "relu"}, devices=k, batch_size=64, lr=0.2, epochs=2, train_examples=600, test_examples=300))
+        options={"conv": "auto", "activation": "relu", "conv_grads": "auto"}, devices=k, batch_size=64, lr=0.2, epochs=2, train_examples=600, test_examples=300))
         for k in (1, 2)]
     assert [e["epoch"] for e in runs[1]["epochs"]] == [1, 2]
     assert set(runs[0]["epochs"][0]) == {"epoch", "time_s", "train_loss", "train_acc", "test_acc"}
