@@ -124,18 +124,20 @@ def auto(options: dict, platform: str) -> dict:
 
 
 def make(bn: str = "sync", activation: str = "relu", conv_grads: str = "auto",
-         num_classes: int = 10) -> Model:
-    """ResNet-18 as a Model (OPTIONS: bn 'sync' uses global-batch statistics, 'local' per-device ones)."""
+         num_classes: int = 10, stage_channels: Sequence[int] = (64, 128, 256, 512),
+         blocks_per_stage: int = 2) -> Model:
+    """ResNet-18 as a Model (OPTIONS: bn 'sync' uses global-batch statistics, 'local' per-device
+    ones); stage_channels and blocks_per_stage give a smaller ResNet of the same code."""
     act = ACTIVATIONS[activation]
 
     def init(key):
-        variables = ResNet18(num_classes=num_classes, act=act).init(
+        variables = ResNet(stage_channels, blocks_per_stage, num_classes, act=act).init(
             key, jnp.zeros((1, 28, 28, 1)), jnp.ones(1), train=False)
         return variables["params"], variables["batch_stats"]
 
     def apply(params, state, x, mask, *, train, axis_name):
-        module = ResNet18(num_classes=num_classes, axis_name=axis_name if bn == "sync" else None,
-                          act=act, grads=conv_grads)
+        module = ResNet(stage_channels, blocks_per_stage, num_classes, act=act, grads=conv_grads,
+                        axis_name=axis_name if bn == "sync" else None)
         variables = {"params": params, "batch_stats": state}
         if not train:
             return module.apply(variables, x, mask, train=False), state

@@ -1,0 +1,9 @@
+"""A one-block, narrow ResNet: ResNet-18's code (BatchNorm synchronised over devices) at a
+fraction of its compile time, for the checks that need BatchNorm, not ResNet-18's size."""
+
+from functools import partial
+
+from jax_dp.models import resnet
+
+OPTIONS, CPU_FUSION, check, auto = resnet.OPTIONS, resnet.CPU_FUSION, resnet.check, resnet.auto
+make = partial(resnet.make, stage_channels=(8, 16), blocks_per_stage=1)
