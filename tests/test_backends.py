@@ -14,9 +14,11 @@ from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 
+import tiny_resnet
 from helpers import numpy_lenet, random_batches, run_steps
 
 LENET = models.get_model("lenet")
+TINY_RESNET = tiny_resnet.make()  # ResNet-18's code and BatchNorm, narrow and one block a stage.
 BACKENDS = ["pmap", "shard_map", "jit"]
 
 
@@ -44,14 +46,14 @@ def test_replicated_state_stays_replicated_on_every_device(backend):
 @pytest.fixture(scope="module")
 def resnet_reference():
     with jax.enable_x64(True):
-        return run_steps(models.get_model("resnet18"), "single", 1,
+        return run_steps(TINY_RESNET, "single", 1,
                          random_batches(2, 8, 8, np.float64), lr=0.1, dtype=jnp.float64)[1]
 
 
 @pytest.mark.parametrize("backend", ["shard_map", "jit"])
 def test_every_backend_keeps_batchnorm_statistics_global(resnet_reference, backend):
     with jax.enable_x64(True):  # float64: exactness, not float32 sensitivity (test_resnet).
-        _, got, _ = run_steps(models.get_model("resnet18"), backend, 4,
+        _, got, _ = run_steps(TINY_RESNET, backend, 4,
                               random_batches(2, 8, 8, np.float64), lr=0.1, dtype=jnp.float64)
     assert parity.max_rel_diff(got.params, resnet_reference.params) <= 1e-9
     assert parity.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9

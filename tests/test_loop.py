@@ -71,8 +71,9 @@ def test_n_steps_per_call_equal_n_calls_of_one_step_bit_for_bit(one_step_per_cal
 
 
 def test_resnet_steps_per_call_equal_single_steps_bit_for_bit():
-    """The same with BatchNorm's running statistics carried through the scan."""
-    config = TrainConfig(model="resnet18", devices=2, batch_size=8, epochs=1, train_examples=20,
+    """The same with BatchNorm's running statistics carried through the scan (ResNet-18's code,
+    narrow: tests/tiny_resnet.py)."""
+    config = TrainConfig(model="tests.tiny_resnet", devices=2, batch_size=8, epochs=1, train_examples=20,
                          test_examples=8)
     split = data.Split(SPLIT.images[:20], SPLIT.labels[:20])
     test = data.Split(SPLIT.images[:8], SPLIT.labels[:8])
