@@ -95,7 +95,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="evaluate on the first N test examples")
     p.add_argument("--exact", action="store_true",
                    help="the same float32 bits on 1, 2, 4 or 8 devices: every sum over examples "
-                        "in one fixed order (docs/exact.md; models without batch statistics)")
+                        "in one fixed order (docs/exact.md)")
     p.add_argument("--drop-remainder", action="store_true",
                    help="skip each epoch's last partial batch instead of padding it")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (one folder per run)")

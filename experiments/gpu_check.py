@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-import time
 from pathlib import Path
 
 from experiments import common
@@ -87,30 +86,18 @@ def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
 
 def exact_cost(sizes: dict, train_data, device) -> dict:
     """The exact mode's LeNet step against the normal one, on one device, alternating."""
-    import jax
     import numpy as np
-    import optax
 
-    from jax_dp import data, dispatch, models, step as step_lib
-    from jax_dp.backends import make_backend
+    from jax_dp import data, models
     from jax_dp.config import MICRO_BATCHES
+    from jax_dp.measure.benchmark import time_steps
 
-    model, tx = models.get_model("lenet"), optax.sgd(0.1)
+    model = models.get_model("lenet")
     batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))
     batches = (batches * sizes["exact_steps"])[:sizes["exact_steps"]]
 
     def timed(exact):
-        steps = step_lib.make_steps(model, tx, make_backend("pmap", [device]), exact=exact)
-        b = steps.backend
-        state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
-        metrics, placed = b.replicate(step_lib.zero_metrics()), [b.shard(x) for x in batches]
-        state, metrics = jax.block_until_ready(steps.train_batch(state, metrics, placed[0]))
-        in_flight, start = dispatch.InFlight(), time.perf_counter()
-        for x in placed:
-            state, metrics = steps.train_batch(state, metrics, x)
-            in_flight.add(metrics)
-        in_flight.drain()
-        return (time.perf_counter() - start) / len(placed)
+        return time_steps(model, "pmap", [device], batches, repeats=1, exact=exact)["step_s"][0]
 
     normal, exact = zip(*[(timed(False), timed(True)) for _ in range(3)])
     return {"normal_step_s": float(np.median(normal)), "exact_step_s": float(np.median(exact)),

@@ -119,12 +119,3 @@ def _phases(size, k, out, s, pad):
 
 _conv.defvjp(_conv_fwd, _conv_bwd)
 
-
-def flax_conv(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
-              dimension_numbers=None, feature_group_count=1, precision=None, grads="auto"):
-    """conv in the signature flax.linen.Conv calls (its `conv_general_dilated=`), for the
-    plain case it uses: NHWC x HWIO, no dilation, one feature group."""
-    del dimension_numbers, precision  # Flax's are NHWC/HWIO; XLA:CPU's default precision.
-    if any(d != 1 for d in (*(lhs_dilation or ()), *(rhs_dilation or ()))) or feature_group_count != 1:
-        raise NotImplementedError("jax_dp's conv has no dilation and no feature groups")
-    return conv(lhs, rhs, window_strides, padding, grads)

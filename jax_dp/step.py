@@ -124,9 +124,9 @@ def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
         from jax_dp import exact as exact_lib  # It builds on this module's update.
 
         check_exact(backend.name, grad_allreduce, len(backend.devices))
-        if jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
-            raise ParamError(("exact", "model"), "{} is not yet written for batch statistics "
-                             "(BatchNorm): train this {} without it")
+        if not model.micro and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
+            raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
+                             "layer on micro-batches (Model.micro; resnet18 does with bn sync)")
         train_fn = functools.partial(exact_lib.train_step, model=model, tx=tx,
                                      axis_name=backend.axis_name)
         eval_fn = functools.partial(exact_lib.eval_step, model=model, axis_name=backend.axis_name)

@@ -1,4 +1,5 @@
-"""The exact mode: the same float32 bits on 1, 2, 4 and 8 devices, for pmap and shard_map."""
+"""The exact mode: the same float32 bits on 1, 2, 4 and 8 devices, for pmap and shard_map,
+for LeNet and for ResNet-18 with its BatchNorm statistics synchronised."""
 
 import dataclasses
 import json
@@ -11,13 +12,14 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, exact, models, step as step_lib, train
+from jax_dp import data, micro, models, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.config import MICRO_BATCHES, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 
 LENET = models.get_model("lenet")
+RESNET = models.get_model("resnet18")
 
 
 def bits(tree):
@@ -32,13 +34,13 @@ def twenty_batches(fashion_train_6k):
     return list(data.batches(split, 256, pad_to=MICRO_BATCHES))
 
 
-def exact_run(backend, k, batches):
-    """20 SGD steps with momentum (an optimizer state to compare): the state, and each step's
+def exact_run(backend, k, batches, model=LENET, lr=0.1):
+    """SGD steps with momentum (an optimizer state to compare): the state, and each step's
     metrics (a running sum would round a last-bit difference of one step away)."""
-    tx = optax.sgd(0.1, momentum=0.9)
-    steps = step_lib.make_steps(LENET, tx, make_backend(backend, get_devices(k)), exact=True)
+    tx = optax.sgd(lr, momentum=0.9)
+    steps = step_lib.make_steps(model, tx, make_backend(backend, get_devices(k)), exact=True)
     b = steps.backend
-    state, per_step = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0))), []
+    state, per_step = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), []
     for batch in batches:
         state, metrics = steps.train_batch(state, b.replicate(step_lib.zero_metrics()), b.shard(batch))
         per_step.append(b.unreplicate(metrics))
@@ -60,6 +62,30 @@ def test_k_devices_give_one_devices_bits_after_20_steps(twenty_batches, one_devi
     assert sum(m["count"] for m in metrics) == 19 * 256 + 37
 
 
+@pytest.fixture(scope="module")
+def five_batches(fashion_train_6k):
+    """5 batches of 16 real Fashion-MNIST images (2 per micro-batch), the last only 5 real."""
+    return list(data.batches(data.Split(fashion_train_6k.images[:4 * 16 + 5],
+                                        fashion_train_6k.labels[:4 * 16 + 5]), 16, pad_to=MICRO_BATCHES))
+
+
+@pytest.fixture(scope="module")
+def resnet_one_device(five_batches):
+    return exact_run("single", 1, five_batches, RESNET, lr=0.05)
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_resnet18_on_k_devices_gives_one_devices_bits_after_5_steps(five_batches, resnet_one_device,
+                                                                     backend, k):
+    """With BatchNorm synchronised: params, BatchNorm statistics, optimizer state, metrics."""
+    state, metrics = exact_run(backend, k, five_batches, RESNET, lr=0.05)
+    assert bits(state.model_state) == bits(resnet_one_device[0].model_state)
+    assert bits(state) == bits(resnet_one_device[0])
+    assert bits(metrics) == bits(resnet_one_device[1])
+    assert sum(m["count"] for m in metrics) == 4 * 16 + 5
+
+
 def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
     """The comparison can fail: psum's sums on 8 devices move the bits."""
     tx = optax.sgd(0.1, momentum=0.9)
@@ -75,19 +101,23 @@ def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
 def test_the_tree_is_the_same_on_one_device_and_across_devices():
     x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
     want = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
-    assert np.asarray(exact.tree_sum(x)).tobytes() == want.tobytes()
+    assert np.asarray(micro.tree_sum(x)).tobytes() == want.tobytes()
     for k in (2, 4, 8):
         blocks = x.reshape(k, 8 // k, 5)
-        summed = jax.pmap(lambda b: exact.doubling_sum(exact.tree_sum(b), "d"), axis_name="d",
+        summed = jax.pmap(lambda b: micro.doubling_sum(micro.tree_sum(b), "d"), axis_name="d",
                           devices=get_devices(k))(blocks)
         for device in np.asarray(summed):
             assert device.tobytes() == want.tobytes()
 
 
-def test_runs_on_1_and_2_devices_have_one_history_and_a_resume_keeps_it(tmp_path, fashion_train_6k):
-    split = data.Split(fashion_train_6k.images[:600], fashion_train_6k.labels[:600])
-    config = TrainConfig(exact=True, batch_size=64, lr=0.1, epochs=2, train_examples=600,
-                         test_examples=600)
+@pytest.mark.parametrize("model, examples", [("lenet", 600), ("tests.tiny_resnet", 100)])
+def test_runs_on_1_and_2_devices_have_one_history_and_a_resume_keeps_it(tmp_path, fashion_train_6k,
+                                                                          model, examples):
+    """Through the run loop: padded last batches, evaluation, and a resume after epoch 1
+    (tests/tiny_resnet.py is ResNet-18's code with its BatchNorm, narrow)."""
+    split = data.Split(fashion_train_6k.images[:examples], fashion_train_6k.labels[:examples])
+    config = TrainConfig(model=model, exact=True, batch_size=64, lr=0.1, epochs=2,
+                         train_examples=examples, test_examples=examples)
     runs = [train.train(dataclasses.replace(config, devices=k), split, split, log=lambda _: None)
             for k in (1, 2)]
     untimed = [[{k: v for k, v in e.items() if k != "time_s"} for e in r["epochs"]] for r in runs]
@@ -109,9 +139,11 @@ def test_what_cannot_be_exact_is_refused(fields, message):
         TrainConfig(exact=True, **fields)
 
 
-def test_a_model_with_batch_statistics_is_refused_for_now():
-    with pytest.raises(ParamError, match="exact is not yet written for batch statistics"):
-        step_lib.make_steps(models.get_model("resnet18"), optax.sgd(0.1),
+def test_per_device_batch_statistics_are_refused():
+    """bn local: each device's statistics are of its own shard, so they follow k."""
+    with pytest.raises(ParamError, match="exact needs a model with batch statistics to run each "
+                                         "layer on micro-batches"):
+        step_lib.make_steps(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
                             make_backend("pmap", get_devices(2)), exact=True)
 
 

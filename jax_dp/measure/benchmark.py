@@ -63,14 +63,15 @@ def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
 
 
 def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batches: list[dict],
-               repeats: int = 3, lr: float = 0.1) -> dict:
+               repeats: int = 3, lr: float = 0.1, exact: bool = False) -> dict:
     """Compile once, then run all batches `repeats` times; seconds per step of each repeat.
 
     Steps are dispatched as in training (at most dispatch.MAX_IN_FLIGHT ahead) and each
     repeat ends when its last step has finished; one untimed step first warms up.
+    exact: the exact mode's step (jax_dp.exact; batches padded to its micro-batches).
     """
     tx, state = sgd_state(model, lr)
-    steps = step_lib.make_steps(model, tx, make_backend(backend, devices))
+    steps = step_lib.make_steps(model, tx, make_backend(backend, devices), exact=exact)
     b = steps.backend
     state = b.replicate(state)
     placed = [b.shard(batch) for batch in batches]

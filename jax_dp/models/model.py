@@ -12,10 +12,13 @@ class Model(NamedTuple):
 
     `state` holds what training updates besides params (BatchNorm statistics); `mask`
     marks real rows (1) against padding (0); `axis_name` names the data-parallel axis
-    that statistics are synchronised over, or is None on one device.
+    that statistics are synchronised over, or is None on one device. With `micro` True,
+    apply also takes micro=n: x's rows are n micro-batches, each layer computed on each alone
+    and each sum over rows taken in jax_dp.micro's tree (the exact mode, for batch statistics).
     """
     init: Callable[[jax.Array], tuple[Any, Any]]
     apply: Callable[..., tuple[jax.Array, Any]]
+    micro: bool = False
 
 
 class Option(NamedTuple):
