@@ -96,6 +96,9 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     p.add_argument("--exact", action="store_true",
                    help="the same float32 bits on 1, 2, 4 or 8 devices: every sum over examples "
                         "in one fixed order (docs/exact.md)")
+    p.add_argument("--compute-dtype", choices=config.COMPUTE_DTYPES, default="float32",
+                   help="what activations and matrix products run in; params, gradient sums "
+                        "and updates stay float32 (docs/bfloat16.md)")
     p.add_argument("--drop-remainder", action="store_true",
                    help="skip each epoch's last partial batch instead of padding it")
     p.add_argument("--checkpoint-dir", help="save checkpoints here (one folder per run)")
@@ -245,16 +248,23 @@ def use_xla_options(model: str, show: bool = True) -> None:
 
     if xla_bridge.backends_are_initialized():
         raise RuntimeError("XLA options set after JAX's backend started would be ignored")
-    flags = xla_flags(model, os.environ.get("XLA_FLAGS", ""))
+    from jax_dp.xla_options import accelerator_expected
+
+    accelerator = accelerator_expected()
+    flags = xla_flags(model, os.environ.get("XLA_FLAGS", ""), accelerator)
     os.environ["XLA_FLAGS"] = flags
     if show:
-        print(f"XLA_FLAGS: {flags or '(none)'}", flush=True)
+        print(f"XLA_FLAGS: {flags or '(none)'}"
+              + (" (on an accelerator: no XLA:CPU option is set)" if accelerator else ""), flush=True)
 
 
-def xla_flags(model: str, user: str) -> str:
-    """XLA_FLAGS for model: its module's CPU_FUSION (XLA's default without one), user's flags winning."""
+def xla_flags(model: str, user: str, accelerator: bool = False) -> str:
+    """XLA_FLAGS for model: its module's CPU_FUSION (XLA's default without one), user's flags
+    winning; on an accelerator, the user's alone (the fusion sets were measured on XLA:CPU)."""
     from jax_dp import models, xla_options
 
+    if accelerator:
+        return user.strip()
     return xla_options.cpu_flags(getattr(models.model_module(model), "CPU_FUSION", "ynn-default"),
                                  user)
 

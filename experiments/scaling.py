@@ -118,7 +118,7 @@ def main(args) -> None:
     if args.processes > len(cpus):
         raise ValueError(f"--processes {args.processes} needs a core each; this machine gives "
                          f"{len(cpus)}: pass {len(cpus)} or fewer (0 to skip)")
-    if any(batch % k for k in args.devices + [args.processes or 1]):
+    if any(batch % k for k in args.devices + [args.processes or 1, 2 * args.processes or 1]):
         raise ValueError(f"--batch-size {batch} must split evenly over every --devices and "
                          "--processes count")
     grad = models.param_bytes(args.model)
@@ -153,6 +153,11 @@ def measure(model: str, batch: int, steps: int, repeats: int, sizes: list[int],
         configs[f"{processes}x1"] = spawn({**base, "kind": "processes", "k": processes,
                                            "cpus": [[c] for c in cpus[:processes]]}, processes)
         print(f"measured {processes} processes x 1 device", flush=True)
+        # Its step only: the all-reduces over gloo are fitted from processes x 1 device.
+        configs[f"{processes}x2"] = spawn({**base, "kind": "processes", "k": 2 * processes,
+                                           "local": 2, "sizes": [],
+                                           "cpus": [[c] for c in cpus[:processes]]}, processes)
+        print(f"measured {processes} processes x 2 devices", flush=True)
     return {"compute": compute, "configs": configs}
 
 
@@ -174,11 +179,15 @@ def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profi
     checks = []
     for name, m in measured["configs"].items():
         transport, processes, k = scaling.layout(name)
-        # One process's simulated devices share one thread pool over all its cores, so their
-        # steps take turns on them; each process of several has one core of its own.
-        compute = k * lines[cores](batch / k) if processes == 1 else lines[1](batch / k)
+        # One device alone uses every core of its process (XLA:CPU's intra-op threads). Several
+        # run side by side, a core each, taking turns where there are more devices than cores;
+        # each process of several has one core of its own. gloo runs between processes.
+        local, own_cores = k // processes, cores if processes == 1 else 1
+        compute = lines[cores](batch) if k == 1 else \
+            math.ceil(local / own_cores) * lines[1](batch / k)
         link = links.get(transport, {}).get("psum")
-        comm = scaling.allreduce_s(link, "psum", grad, k, m["arrays"]) if link else 0.0
+        comm = scaling.allreduce_s(link, "psum", grad, processes if processes > 1 else k,
+                                   m["arrays"]) if link else 0.0
         predicted = {o: scaling.step_s(compute, comm, m["fixed_s"], overlap=o) for o in (False, True)}
         checks.append({"config": name, "devices": k, "processes": processes, "compute_s": compute,
                        "arrays": m["arrays"], "allreduce_s": comm, "fixed_s": m["fixed_s"], "measured_s": m["step_s"],

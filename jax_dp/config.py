@@ -12,6 +12,7 @@ from jax_dp.models import MODELS
 
 DATA_SOURCES = ("debian", "tfds")
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
+COMPUTE_DTYPES = ("float32", "bfloat16")  # What activations and products run in (step.compute_view).
 MICRO_BATCHES = 8  # The exact mode's micro-batches per global batch (jax_dp.exact): a power of 2.
 
 
@@ -35,6 +36,7 @@ class TrainConfig:
     epochs: int = 4
     seed: int = 0
     exact: bool = False
+    compute_dtype: str = "float32"
     drop_remainder: bool = False
     data: str = "debian"
     train_examples: int = SIZES["train"]
@@ -48,8 +50,9 @@ class TrainConfig:
                              f"{self.options!r}")
         check_choice("backend", self.backend, BACKENDS)
         check_allreduce(self.allreduce, self.backend)
+        check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         if self.exact:
-            check_exact(self.backend, self.allreduce, self.devices)
+            check_exact(self.backend, self.allreduce, self.devices, self.compute_dtype)
         check_choice("data", self.data, DATA_SOURCES)
         _at_least("devices", self.devices, 1)
         if self.backend == "single" and self.devices != 1:
@@ -89,14 +92,20 @@ class TrainConfig:
         epochs, in which saved (a checkpoint's config) differs."""
         if saved.get("model") != self.model:  # Another model's options are no comparison.
             return {"model": (saved.get("model"), self.model)}
-        saved = {**saved, **saved.get("options", {})}
+        # A field added since the checkpoint was saved held its default then.
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name != "options"}
+        saved = {**defaults, **saved, **saved.get("options", {})}
         return {name: (saved.get(name), value) for name, value in self.fields().items()
                 if saved.get(name) != value
                 and not (name == "epochs" and isinstance(saved.get(name), int) and value >= saved[name])}
 
 
-def check_exact(backend: str, allreduce: str, devices: int) -> None:
+def check_exact(backend: str, allreduce: str, devices: int, compute_dtype: str = "float32") -> None:
     """Refuse what the exact mode (jax_dp.exact) cannot make exact."""
+    if compute_dtype != "float32":
+        raise ParamError(("exact", "compute_dtype"), f"{{}} gives float32's bits; with {{}} "
+                         f"{compute_dtype} BatchNorm's do not match across device counts: "
+                         "leave it float32")
     if backend == "jit":
         raise ParamError(("exact", "backend"), "{} needs its sums in a fixed order, and under "
                          "{} jit XLA inserts its own all-reduces: use pmap or shard_map")

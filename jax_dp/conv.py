@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_dp import conv_passes
 from jax_dp.parallel import same_varying
 
 CANONICAL = ("NHWC", "HWIO", "NHWC")
@@ -18,6 +19,20 @@ GRADS = ("auto", "canonical", "xla")
 # Where canonical gradients were measured faster: XLA:CPU only (docs/speed.md). Elsewhere
 # 'auto' keeps XLA's own until a measurement there says otherwise (experiments.gpu_check).
 CANONICAL_ON = ("cpu",)
+
+
+def layer_key(x_shape, w_shape, strides, pads) -> str:
+    """A convolution layer's key in conv_passes.TABLE: input, kernel, strides and padding, not
+    the batch ('13x13x20 5x5x20x50 s1x1 p0,0x0,0')."""
+    return (f"{'x'.join(map(str, x_shape[1:]))} {'x'.join(map(str, w_shape))} "
+            f"s{'x'.join(map(str, strides))} p{'x'.join(f'{lo},{hi}' for lo, hi in pads)}")
+
+
+def pass_formulation(name: str, x_shape, w_shape, strides, pads) -> str:
+    """The formulation conv_passes.TABLE gives this pass of this layer on the default
+    backend's platform ('conv', XLA's convolution, where it gives none)."""
+    table = conv_passes.TABLE.get(jax.default_backend(), {})
+    return table.get(layer_key(x_shape, w_shape, strides, pads), {}).get(name, "conv")
 
 
 def resolve_grads(grads: str, platform: str) -> str:
@@ -69,12 +84,8 @@ def _conv_bwd(strides, pads, grads, residuals, g):
         return jax.vjp(lambda x, w: lax.conv_general_dilated(
             x, w, strides, pads, dimension_numbers=CANONICAL), x, w)[1](g)
     sizes, kernel = x.shape[1:3], w.shape[:2]
-    # Rows the forward pass never reached (size + padding - k not a multiple of the stride)
-    # get a zero gradient: the extra high padding below.
-    dx_pads = [(k - 1 - lo, k - 1 - hi + (n + lo + hi - k) % s)
-               for n, k, s, (lo, hi) in zip(sizes, kernel, strides, pads)]
     with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
-        dx = _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
+        dx = DX[pass_formulation("dx", x.shape, w.shape, strides, pads)](g, w, sizes, strides, pads)
     # dW sums over N, so one of x and g must be wholly transposed (N last). XLA:CPU runs a
     # transpose at copy speed only when its input is in memory; fused with the BatchNorm and
     # ReLU it recomputes rather than read x, it is up to 10x slower. g comes from fusions
@@ -83,6 +94,36 @@ def _conv_bwd(strides, pads, grads, residuals, g):
         dw_from = _dw_from_x if x[0].size < g[0].size else _dw_from_g
         dw = dw_from(x, g, kernel, strides, pads)
     return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def _dx_conv(g, w, sizes, strides, pads):
+    """dX as g (dilated by the stride, padded k-1-p) convolved with the flipped kernel."""
+    # Rows the forward pass never reached (size + padding - k not a multiple of the stride)
+    # get a zero gradient: the extra high padding below.
+    dx_pads = [(k - 1 - lo, k - 1 - hi + (n + lo + hi - k) % s)
+               for n, k, s, (lo, hi) in zip(sizes, w.shape[:2], strides, pads)]
+    return _plain(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), dx_pads, lhs_dilation=strides)
+
+
+def _dx_taps(g, w, sizes, strides, pads):
+    """dX as one matrix product, each output pixel's cotangent against the kernel read as
+    (O, kh kw C), giving every tap's share at once; then each tap's share shifted to the input
+    pixels it came from (a pad, negative where it crops; interior for a stride), all added in
+    one fused pass."""
+    kh, kw, c, o = w.shape
+    n, ho, wo, _ = g.shape
+    taps = (g.reshape(-1, o) @ w.reshape(kh * kw * c, o).T).reshape(n, ho, wo, kh, kw, c)
+    dx = None
+    for a, b in itertools.product(range(kh), range(kw)):
+        placed = [(t - lo, size - (t - lo) - ((out - 1) * s + 1), s - 1)
+                  for t, size, out, s, (lo, _) in zip((a, b), sizes, (ho, wo), strides, pads)]
+        term = lax.pad(taps[:, :, :, a, b], jnp.zeros((), g.dtype),
+                       [(0, 0, 0), *placed, (0, 0, 0)])
+        dx = term if dx is None else dx + term
+    return dx
+
+
+DX = {"conv": _dx_conv, "taps": _dx_taps}  # conv_passes.FORMULATIONS["dx"]
 
 
 def _dw_from_x(x, g, kernel, strides, pads):

@@ -23,7 +23,7 @@ from jax import lax
 from jax_dp import micro
 from jax_dp.config import MICRO_BATCHES
 from jax_dp.models.model import Model
-from jax_dp.step import TrainState, add_metrics, apply_gradients, batch_metrics
+from jax_dp.step import TrainState, add_metrics, apply_gradients, apply_model, batch_metrics
 
 
 def _per_device(axis_name: str | None) -> int:
@@ -35,11 +35,12 @@ def _metrics(logits, labels, mask):
     return batch_metrics(logits, labels, mask, jnp.sum(losses * mask))
 
 
-def _model_whole(state, batch, model, n):
+def _model_whole(state, batch, model, n, compute_dtype):
     """Gradients and metrics of each micro-batch, the model run on it whole (stacked)."""
     def one(x, labels, mask):
         def loss_fn(params):
-            logits, _ = model.apply(params, state.model_state, x, mask, train=True, axis_name=None)
+            logits, _ = apply_model(model, params, state.model_state, x, mask, compute_dtype,
+                                    train=True, axis_name=None)
             new = _metrics(logits, labels, mask)
             return new["loss_sum"], new
         grads, new = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -48,14 +49,14 @@ def _model_whole(state, batch, model, n):
     return micro.tree_sum(grads), new, state.model_state
 
 
-def _layer_by_layer(state, batch, model, n, axis_name):
+def _layer_by_layer(state, batch, model, n, axis_name, compute_dtype):
     """This device's gradients (its micro-batches' tree), each micro-batch's metrics (stacked)
     and the new model state, every layer run per micro-batch (the model's `micro`)."""
     labels, mask = batch["label"], batch["mask"]
 
     def loss_fn(params):
-        logits, model_state = model.apply(params, state.model_state, batch["image"], mask,
-                                          train=True, axis_name=axis_name, micro=n)
+        logits, model_state = apply_model(model, params, state.model_state, batch["image"], mask,
+                                          compute_dtype, train=True, axis_name=axis_name, micro=n)
         new = micro.each(_metrics, *(micro.split(r, n) for r in (logits, labels, mask)))
         return micro.tree_sum(new["loss_sum"]), (new, model_state)
     grads, (new, model_state) = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -63,13 +64,14 @@ def _layer_by_layer(state, batch, model, n, axis_name):
 
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-               tx: optax.GradientTransformation, axis_name: str | None) -> tuple[TrainState, dict]:
+               tx: optax.GradientTransformation, axis_name: str | None,
+               compute_dtype: str = "float32") -> tuple[TrainState, dict]:
     """step.train_step with every sum over examples in the fixed tree."""
     n = _per_device(axis_name)
     if model.micro:
-        grads, new, model_state = _layer_by_layer(state, batch, model, n, axis_name)
+        grads, new, model_state = _layer_by_layer(state, batch, model, n, axis_name, compute_dtype)
     else:
-        grads, new, model_state = _model_whole(state, batch, model, n)
+        grads, new, model_state = _model_whole(state, batch, model, n, compute_dtype)
     new = micro.total(new, axis_name)
     if axis_name is not None:
         grads = micro.doubling_sum(grads, axis_name)
@@ -77,16 +79,16 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-              axis_name: str | None) -> dict:
+              axis_name: str | None, compute_dtype: str = "float32") -> dict:
     """step.eval_step on micro-batches, its sums in the fixed tree."""
     n = _per_device(axis_name)
     x, labels, mask = batch["image"], batch["label"], batch["mask"]
     if model.micro:
-        logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
-                                axis_name=axis_name, micro=n)
+        logits, _ = apply_model(model, state.params, state.model_state, x, mask, compute_dtype,
+                                train=False, axis_name=axis_name, micro=n)
         new = micro.each(_metrics, *(micro.split(r, n) for r in (logits, labels, mask)))
     else:
-        new = micro.each(lambda x, labels, mask: _metrics(model.apply(
-            state.params, state.model_state, x, mask, train=False, axis_name=None)[0],
-            labels, mask), *(micro.split(r, n) for r in (x, labels, mask)))
+        new = micro.each(lambda x, labels, mask: _metrics(apply_model(
+            model, state.params, state.model_state, x, mask, compute_dtype, train=False,
+            axis_name=None)[0], labels, mask), *(micro.split(r, n) for r in (x, labels, mask)))
     return add_metrics(metrics, micro.total(new, axis_name))

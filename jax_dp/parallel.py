@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from jax import lax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXIS = "devices"  # The one name of the data-parallel axis, used by every collective.
@@ -85,3 +86,21 @@ def same_varying(*arrays: jax.Array) -> tuple[jax.Array, ...]:
 def allreduce(tree: Any, axis_name: str | None = AXIS) -> Any:
     """Sum every leaf over the devices of axis_name (identity when axis_name is None)."""
     return tree if axis_name is None else lax.psum(tree, axis_name)
+
+
+def allreduce_flat(tree: Any, axis_name: str | None = AXIS) -> Any:
+    """allreduce as one collective: every leaf in one flat buffer, summed, cut back.
+
+    A psum of many arrays is one all-reduce in XLA's program, but across processes XLA:CPU's
+    collectives run one exchange per array, each paying the network's latency (about 1.8 ms
+    over gloo on loopback); one buffer pays it once. The sum of each number is unchanged.
+    """
+    if axis_name is None:
+        return tree
+    if any(axis_name in jax.typeof(leaf).mat.unreduced for leaf in jax.tree.leaves(tree)):
+        # Under shard_map's type checks one buffer needs one type: unreduced gradients (see
+        # reduced) and per-device metrics, both partial sums the psum completes.
+        tree = jax.tree.map(lambda a: a if axis_name in jax.typeof(a).mat.unreduced
+                            else lax.pcast(a, axis_name, to="unreduced"), tree)
+    flat, unravel = ravel_pytree(tree)
+    return unravel(lax.psum(flat, axis_name))

@@ -14,7 +14,7 @@ from jax_dp.backends import Backend
 from jax_dp.config import MICRO_BATCHES, check_exact
 from jax_dp.errors import ParamError
 from jax_dp.models.model import Model
-from jax_dp.parallel import allreduce, reduced
+from jax_dp.parallel import allreduce, allreduce_flat, reduced
 
 
 class TrainState(NamedTuple):
@@ -37,6 +37,24 @@ def zero_metrics() -> dict[str, jax.Array]:
     return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
 
 
+def compute_view(params: Any, x: jax.Array, compute_dtype: str = "float32") -> tuple[Any, jax.Array]:
+    """params and images as the model computes with them: in bfloat16, a copy of each float
+    param and the images cast down (the float32 params stay the ones updated, and their
+    gradient comes back float32 through the cast); otherwise unchanged."""
+    if compute_dtype == "float32":  # The params' own dtype (float64 in the parity checks).
+        return params, x
+    cast = lambda a: a.astype(compute_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a  # noqa: E731
+    return jax.tree.map(cast, params), x.astype(compute_dtype)
+
+
+def apply_model(model: Model, params: Any, model_state: Any, x: jax.Array, mask: jax.Array,
+                compute_dtype: str = "float32", **kwargs) -> tuple[jax.Array, Any]:
+    """model.apply on compute_view's params and images; the logits back in float32."""
+    params, x = compute_view(params, x, compute_dtype)
+    logits, model_state = model.apply(params, model_state, x, mask, **kwargs)
+    return (logits if compute_dtype == "float32" else logits.astype(jnp.float32)), model_state
+
+
 def batch_metrics(logits, labels, mask, loss_sum):
     correct = jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
@@ -48,7 +66,8 @@ def add_metrics(metrics, new):
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
                tx: optax.GradientTransformation, axis_name: str | None,
-               grad_allreduce: Callable = allreduce) -> tuple[TrainState, dict]:
+               grad_allreduce: Callable = allreduce,
+               compute_dtype: str = "float32") -> tuple[TrainState, dict]:
     """One SGD step on this device's shard of a global batch.
 
     The book's convention: each device sums the cross-entropy over its real (mask 1)
@@ -58,20 +77,23 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     jax_dp.allreduce's hand-made ones). With axis_name None the same function is the
     single-device step. Once a step's loss or gradients are not finite,
     this and later steps of the epoch leave the state as it was (metrics say where).
+    compute_dtype: what the model computes in (compute_view); the loss is float32.
     """
     x, y, mask = batch["image"], batch["label"], batch["mask"]
 
     def loss_fn(params):
-        logits, model_state = model.apply(params, state.model_state, x, mask, train=True,
-                                          axis_name=axis_name)
+        logits, model_state = apply_model(model, params, state.model_state, x, mask,
+                                          compute_dtype, train=True, axis_name=axis_name)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return jnp.sum(losses * mask), (logits, model_state)
 
     (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         reduced(state.params, axis_name, x))
-    new = allreduce(batch_metrics(logits, y, mask, loss_sum), axis_name)
-    if axis_name is not None:
-        grads = grad_allreduce(grads, axis_name)
+    new = batch_metrics(logits, y, mask, loss_sum)
+    if grad_allreduce is allreduce:  # One collective for the gradients and metrics together.
+        grads, new = allreduce_flat((grads, new), axis_name)
+    else:
+        grads, new = grad_allreduce(grads, axis_name), allreduce(new, axis_name)
     return apply_gradients(state, metrics, grads, new, model_state, tx)
 
 
@@ -93,11 +115,11 @@ def apply_gradients(state: TrainState, metrics: dict, grads: Any, new: dict, mod
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-              axis_name: str | None) -> dict:
+              axis_name: str | None, compute_dtype: str = "float32") -> dict:
     """Add this shard's loss, correct count and example count, summed over the devices."""
     x, y, mask = batch["image"], batch["label"], batch["mask"]
-    logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
-                            axis_name=axis_name)
+    logits, _ = apply_model(model, state.params, state.model_state, x, mask, compute_dtype,
+                            train=False, axis_name=axis_name)
     loss_sum = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
     return add_metrics(metrics, allreduce(batch_metrics(logits, y, mask, loss_sum), axis_name))
 
@@ -114,28 +136,33 @@ class Steps(NamedTuple):
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
-               grad_allreduce: str = "psum", exact: bool = False) -> Steps:
+               grad_allreduce: str = "psum", exact: bool = False,
+               compute_dtype: str = "float32") -> Steps:
     """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
 
     grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
     exact: the same bits on any device count (jax_dp.exact; psum only).
+    compute_dtype: what the model computes in, 'float32' or 'bfloat16' (compute_view).
     """
     if exact:
         from jax_dp import exact as exact_lib  # It builds on this module's update.
 
-        check_exact(backend.name, grad_allreduce, len(backend.devices))
+        check_exact(backend.name, grad_allreduce, len(backend.devices), compute_dtype)
         if not model.micro and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
             raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
                              "layer on micro-batches (Model.micro; resnet18 does with bn sync)")
         train_fn = functools.partial(exact_lib.train_step, model=model, tx=tx,
-                                     axis_name=backend.axis_name)
-        eval_fn = functools.partial(exact_lib.eval_step, model=model, axis_name=backend.axis_name)
+                                     axis_name=backend.axis_name, compute_dtype=compute_dtype)
+        eval_fn = functools.partial(exact_lib.eval_step, model=model, axis_name=backend.axis_name,
+                                    compute_dtype=compute_dtype)
         compile = functools.partial(backend.compile, typed=False)  # Its sums are untyped ppermutes.
         pad_to = MICRO_BATCHES
     else:
         train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                     grad_allreduce=get_allreduce(grad_allreduce, backend.name))
-        eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name)
+                                     grad_allreduce=get_allreduce(grad_allreduce, backend.name),
+                                     compute_dtype=compute_dtype)
+        eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name,
+                                    compute_dtype=compute_dtype)
         compile, pad_to = backend.compile, len(backend.devices)
     return Steps(backend, train_fn, compile(train_fn, donate_argnums=(0,)), compile(eval_fn),
                  pad_to)

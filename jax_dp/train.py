@@ -140,7 +140,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     model, tx, key = get_model(config.model, **config.options), optimizer(config), \
         jax.random.key(config.seed)
     steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
-                       config.allreduce, exact=config.exact)
+                       config.allreduce, exact=config.exact, compute_dtype=config.compute_dtype)
     backend = steps.backend
     mode = modes.make_mode(steps, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)

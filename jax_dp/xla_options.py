@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 
 YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type"
 # The YNNPACK fusion sets tried: XLA's default, matrix products only, the default less convolutions.
 FUSIONS = {"ynn-default": "", "ynn-dots": f"{YNN_FUSION}=individual_dot",
            "ynn-noconv": f"{YNN_FUSION}=-individual_convolution"}
+# JAX's GPU plugins (jax[cuda12], jax[cuda13], jax[rocm]): installed, JAX picks the GPU first.
+GPU_PLUGINS = ("xla_cuda12", "xla_cuda13", "xla_rocm")
+
+
+def accelerator_expected(environ=os.environ) -> bool:
+    """Whether JAX will run on an accelerator, told before its backend starts: JAX_PLATFORMS
+    names one first, or (unset) a GPU plugin is installed."""
+    platforms = environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip() != "cpu"
+    try:
+        return any(importlib.util.find_spec(f"jax_plugins.{p}") for p in GPU_PLUGINS)
+    except ModuleNotFoundError:  # No jax_plugins package: no plugin.
+        return False
+
+
 def flag_names(flags: str) -> set[str]:
     """The names of the flags in an XLA_FLAGS string ('--a=1 -b' -> {'a', 'b'})."""
     return set(re.findall(r"(?:^|\s)--?([A-Za-z_]\w*)", flags))

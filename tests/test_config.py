@@ -92,7 +92,7 @@ SAVED = TrainConfig(options={"conv": "auto", "activation": "relu", "conv_grads":
 # A value unlike SAVED's for every field and model option.
 OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
          "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True, "drop_remainder": True,
-         "data": "tfds", "train_examples": 1000, "test_examples": 100}
+         "data": "tfds", "train_examples": 1000, "test_examples": 100, "compute_dtype": "bfloat16"}
 
 
 def test_every_field_has_a_differing_value_to_try():
@@ -121,3 +121,12 @@ def test_a_resume_may_only_add_epochs():
     legacy = {**{k: v for k, v in saved.items() if k != "options"}, **SAVED.options}
     assert SAVED.differences(legacy) == {}
     assert SAVED.differences({**legacy, "conv": "xla"}) == {"conv": ("xla", SAVED.options["conv"])}
+
+
+def test_a_checkpoint_from_before_a_field_existed_holds_its_default():
+    """A run saved before compute_dtype existed computed in float32: it resumes as float32,
+    and is refused as bfloat16."""
+    saved = {k: v for k, v in dataclasses.asdict(SAVED).items() if k != "compute_dtype"}
+    assert SAVED.differences(saved) == {}
+    assert dataclasses.replace(SAVED, compute_dtype="bfloat16").differences(saved) == \
+        {"compute_dtype": ("float32", "bfloat16")}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_dp.conv import CANONICAL, _dw_from_g, _dw_from_x, conv
+from jax_dp import conv as conv_lib, conv_passes
+from jax_dp.conv import CANONICAL, DX, _dw_from_g, _dw_from_x, conv
 
 CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
     (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
@@ -70,6 +71,49 @@ def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
         want, got = vjp(g)[0], dw_from(x, g, (k, k), (s, s), pads)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("formulation", sorted(DX))
+@pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
+def test_each_input_gradient_form_equals_lax_conv_in_float64(case, formulation):
+    """conv_passes.TABLE picks a form of dX per layer; each must hold for every shape."""
+    n, size, c, o, k, s, padding = case
+    rng = np.random.default_rng(k * s + 1)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
+        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
+        y, vjp = jax.vjp(lambda x: lax.conv_general_dilated(
+            x, w, (s, s), padding, dimension_numbers=CANONICAL), x)
+        g = jnp.asarray(rng.normal(size=y.shape))
+        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
+            if isinstance(padding, str) else padding
+        want, got = vjp(g)[0], DX[formulation](g, w, x.shape[1:3], (s, s), pads)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+
+
+def test_the_table_chooses_a_layers_formulation_on_its_platform_only(monkeypatch):
+    """Catches a table entry that is ignored, applied to another layer, or on another platform."""
+    x_shape, w_shape, strides, pads = (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), ((0, 0), (0, 0))
+    key = conv_lib.layer_key(x_shape, w_shape, strides, pads)
+    assert key == "13x13x20 5x5x20x50 s1x1 p0,0x0,0"
+    monkeypatch.setattr(conv_passes, "TABLE", {"cpu": {key: {"dx": "taps"}}})
+    assert conv_lib.pass_formulation("dx", x_shape, w_shape, strides, pads) == "taps"
+    assert conv_lib.pass_formulation("dx", (8, 13, 13, 20), w_shape, (2, 2), pads) == "conv"
+    monkeypatch.setattr(conv_passes, "TABLE", {"gpu": {key: {"dx": "taps"}}})
+    assert conv_lib.pass_formulation("dx", x_shape, w_shape, strides, pads) == "conv"
+
+
+def test_the_chosen_formulation_is_the_one_traced(monkeypatch):
+    """The step's dX for a layer in the table is a matrix product, not a convolution."""
+    x, w = jnp.ones((4, 13, 13, 20)), jnp.ones((5, 5, 20, 50))
+    monkeypatch.setattr(conv_passes, "TABLE", {})
+    convs = lambda: jax.jit(jax.grad(lambda x: jnp.sum(conv(x, w, grads="canonical")))).lower(
+        x).as_text().count("stablehlo.convolution")  # noqa: E731  (traced anew each call)
+    assert convs() == 1  # dX (the loss needs no forward value, nor dW).
+    key = conv_lib.layer_key(x.shape, w.shape, (1, 1), ((0, 0), (0, 0)))
+    monkeypatch.setattr(conv_passes, "TABLE", {jax.default_backend(): {key: {"dx": "taps"}}})
+    assert convs() == 0
 
 
 def conv_layouts(fn, *args) -> list[str]:

@@ -21,7 +21,9 @@ def test_the_quick_check_measures_every_part_and_agrees(tmp_path):
     # The same run at any steps per call: the same test accuracy (bit-exact params, test_loop).
     assert len({c["test_acc"] for c in calls}) == 1
     assert all(c["epoch_s"] > 0 and c["images_per_s"] == pytest.approx(512 / c["epoch_s"]) for c in calls)
-    assert r["resnet18_book"]["images_per_s"] == pytest.approx(8 / r["resnet18_book"]["step_s"])
+    assert [row["conv_grads"] for row in r["resnet18_book"]] == ["canonical", "xla"]
+    assert all(row["images_per_s"] == pytest.approx(8 / row["step_s"]) for row in r["resnet18_book"])
+    assert "| canonical | 8 | " in proc.stdout and "| xla | 8 | " in proc.stdout
     assert {(a["backend"], a["devices"]) for a in r["agreement"]} == {
         (b, k) for b in ("pmap", "shard_map", "jit") for k in (1, 2)}
     assert all(a["max_rel_diff"] <= 1e-6 for a in r["agreement"])

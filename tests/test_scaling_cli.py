@@ -23,17 +23,21 @@ def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "s.json").read_text())
     checks = {c["config"]: c for c in r["checks"]}
-    assert set(checks) == {"1x1", "1x2", "2x1"} and (tmp_path / "s.png").stat().st_size > 0
+    assert set(checks) == {"1x1", "1x2", "2x1", "2x2"} and (tmp_path / "s.png").stat().st_size > 0
     lines = {int(c): scaling.Line(**line) for c, line in r["lines"].items()}
     assert set(lines) == {1, 2}
-    # One process's 2 devices take turns on its 2 cores; 2 processes have a core each.
-    assert checks["1x2"]["compute_s"] == pytest.approx(2 * lines[2](32))
+    # One device uses both cores; one process's 2 devices a core each; 2 processes have a core
+    # each, on which their own devices take turns.
+    assert checks["1x1"]["compute_s"] == pytest.approx(lines[2](64))
+    assert checks["1x2"]["compute_s"] == pytest.approx(lines[1](32))
     assert checks["2x1"]["compute_s"] == pytest.approx(lines[1](32))
-    # The step all-reduces LeNet's 8 gradients and 3 metric sums, one gloo collective each.
-    assert checks["2x1"]["arrays"] == 8 + 3 and checks["1x1"]["arrays"] == 0
+    assert checks["2x2"]["compute_s"] == pytest.approx(2 * lines[1](16))
+    # The step all-reduces LeNet's 8 gradients and 3 metric sums as one buffer: one collective.
+    assert checks["2x1"]["arrays"] == checks["2x2"]["arrays"] == 1 and checks["1x1"]["arrays"] == 0
     gloo = scaling.Link(**r["links"]["gloo"]["psum"])
-    assert checks["2x1"]["allreduce_s"] == pytest.approx(
-        scaling.allreduce_s(gloo, "psum", models.param_bytes("lenet"), 2, 11))
+    for config in ("2x1", "2x2"):  # Charged between the 2 processes.
+        assert checks[config]["allreduce_s"] == pytest.approx(
+            scaling.allreduce_s(gloo, "psum", models.param_bytes("lenet"), 2, 1))
     for c in checks.values():
         assert c["predicted_s"] == pytest.approx(c["compute_s"] + c["allreduce_s"] + c["fixed_s"])
         assert c["measured_s"] > 0 and c["error"] == pytest.approx(c["predicted_s"] / c["measured_s"] - 1)
@@ -44,6 +48,7 @@ def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
     curve = r["profiles"]["v100-pcie"]["resnet18"]["weak"]
     assert len(curve) == 7 and curve[0] == pytest.approx(1.0) and curve[-1] > curve[1]
     assert "| 2 process(es) x 1 device(s) |" in proc.stdout
+    assert "| 2 process(es) x 2 device(s) |" in proc.stdout
 
 
 @pytest.mark.parametrize("flags, message", [

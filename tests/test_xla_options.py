@@ -79,3 +79,21 @@ def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
     assert proc.returncode == 0, proc.stderr
     want = common.xla_flags("lenet", user) or "(none)"
     assert f"XLA_FLAGS: {want}\n" in proc.stdout
+
+
+@pytest.mark.parametrize("environ, accelerator", [
+    ({"JAX_PLATFORMS": "cuda"}, True), ({"JAX_PLATFORMS": "cuda,cpu"}, True),
+    ({"JAX_PLATFORMS": "cpu"}, False), ({"JAX_PLATFORMS": " cpu , cuda"}, False),
+    ({}, False),  # No GPU plugin in this environment.
+])
+def test_an_accelerator_is_told_before_jax_starts(environ, accelerator):
+    assert xla_options.accelerator_expected(environ) is accelerator
+
+
+def test_no_xla_cpu_option_is_set_for_an_accelerator():
+    """Catches a CPU-measured fusion set applied on a GPU: only the user's own flags stay."""
+    for model in CHOSEN:
+        assert common.xla_flags(model, " --xla_gpu_autotune_level=0", accelerator=True) == \
+            "--xla_gpu_autotune_level=0"
+        assert common.xla_flags(model, "", accelerator=True) == ""
+        assert YNN_FUSION in common.xla_flags(model, "")

@@ -43,7 +43,7 @@ class Conv(nn.Module):
 
 
 def _conv(x, kernel, bias=None, *, strides, padding, grads):
-    y = conv(x, kernel, strides, padding, grads)
+    y = conv(x.astype(kernel.dtype), kernel, strides, padding, grads)  # In the weights' dtype.
     return y if bias is None else y + bias.reshape(1, 1, 1, -1)
 
 
@@ -59,6 +59,7 @@ class Dense(nn.Module):
 
 
 def _dense(x, kernel, bias):
+    x = x.astype(kernel.dtype)
     return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))) + bias.reshape(1, -1)
 
 
@@ -87,14 +88,17 @@ class BatchNorm(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (features,))
         running_mean = self.variable("batch_stats", "mean", jnp.zeros, (features,))
         running_var = self.variable("batch_stats", "var", jnp.ones, (features,))
+        dtype = micro.part(x).dtype  # Statistics in float32 at least, the output in x's dtype.
+        x = micro.apply(lambda x: x.astype(jnp.promote_types(dtype, jnp.float32)), x)
         if not train:
-            return micro.apply(lambda x: (x - running_mean.value) * jax.lax.rsqrt(
-                running_var.value + self.epsilon) * scale + bias, x)
-        y, mean, var = normalize(x, mask, scale, bias, self.axis_name, self.epsilon)
+            return micro.apply(lambda x: ((x - running_mean.value) * jax.lax.rsqrt(
+                running_var.value + self.epsilon) * scale + bias).astype(dtype), x)
+        y, mean, var = normalize(x, mask, scale.astype(micro.part(x).dtype),
+                                 bias.astype(micro.part(x).dtype), self.axis_name, self.epsilon)
         if not self.is_initializing():
             running_mean.value = self.momentum * running_mean.value + (1 - self.momentum) * mean
             running_var.value = self.momentum * running_var.value + (1 - self.momentum) * var
-        return y
+        return micro.apply(lambda y: y.astype(dtype), y)
 
 
 class Residual(nn.Module):

@@ -1,0 +1,137 @@
+"""Time every formulation of each convolution pass of a model, per layer, and choose the fastest.
+
+Run: `python -m experiments.conv_passes --model lenet --write` traces the model's training step
+to find its convolution layers (at --batch-size per device), times each formulation of each pass
+of each layer alone on one device (jax_dp.conv_passes.FORMULATIONS), prints the times, and with
+--write puts the fastest, where it beats XLA's convolution by --margin, in jax_dp/conv_passes.py
+for this platform. Run it again on another CPU, or on a GPU, to make that machine's table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments import common
+
+TABLE_FILE = Path(__file__).resolve().parent.parent / "jax_dp" / "conv_passes.py"
+
+
+def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
+    """(x shape, w shape, strides, pads) of each distinct convolution of the model's step."""
+    import jax
+    import optax
+
+    from jax_dp import conv, models, step as step_lib
+
+    seen, original = {}, conv._conv
+
+    def recording(x, w, strides, pads, grads):
+        seen.setdefault(conv.layer_key(x.shape, w.shape, strides, pads), (x.shape, w.shape, strides, pads))
+        return original(x, w, strides, pads, grads)
+
+    model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
+    state = jax.eval_shape(lambda: step_lib.init_state(model, tx, jax.random.key(0)))
+    batch = {"image": jax.ShapeDtypeStruct((batch_size, 28, 28, 1), "float32"),
+             "label": jax.ShapeDtypeStruct((batch_size,), "int32"),
+             "mask": jax.ShapeDtypeStruct((batch_size,), "float32")}
+    conv._conv = recording  # Only the step's convolutions (a model's init traces its own).
+    try:
+        jax.eval_shape(lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None),
+                       state, jax.eval_shape(step_lib.zero_metrics), batch)
+    finally:
+        conv._conv = original
+    return list(seen.values())
+
+
+def time_passes(layer: tuple, repeats: int) -> dict:
+    """pass -> formulation -> median seconds, each formulation compiled alone."""
+    import jax
+    import numpy as np
+    from jax import lax
+
+    from jax_dp import conv
+    from jax_dp.conv_passes import FORMULATIONS
+    from jax_dp.measure.benchmark import median_s
+
+    x_shape, w_shape, strides, pads = layer
+    rng = np.random.default_rng(0)
+    w = jax.device_put(rng.normal(size=w_shape).astype(np.float32))
+    out = jax.eval_shape(lambda x: lax.conv_general_dilated(x, w, strides, pads,
+                                                            dimension_numbers=conv.CANONICAL),
+                         jax.ShapeDtypeStruct(x_shape, "float32"))
+    g = jax.device_put(rng.normal(size=out.shape).astype(np.float32))
+    times = {"dx": {}}
+    for name in FORMULATIONS["dx"]:
+        fn = jax.jit(lambda g, w, f=conv.DX[name]: f(g, w, x_shape[1:3], strides, pads))
+        jax.block_until_ready(fn(g, w))
+        times["dx"][name] = median_s(lambda: jax.block_until_ready(fn(g, w)), repeats)
+    return times
+
+
+def choose(times: dict, margin: float) -> dict:
+    """pass -> the fastest formulation, where it beats XLA's convolution by margin."""
+    chosen = {}
+    for name, by in times.items():
+        best = min(by, key=by.get)
+        if best != "conv" and by[best] < by["conv"] * (1 - margin):
+            chosen[name] = best
+    return chosen
+
+
+def write_table(platform: str, entries: dict) -> None:
+    """Replace this platform's entries of jax_dp/conv_passes.py's TABLE (others stay)."""
+    from jax_dp import conv_passes
+
+    table = {**conv_passes.TABLE, platform: {**conv_passes.TABLE.get(platform, {}), **entries}}
+    table = {p: t for p, t in table.items() if t}
+    text = TABLE_FILE.read_text()
+    head = text[:text.index("TABLE: ")]
+    TABLE_FILE.write_text(head + "TABLE: dict[str, dict[str, dict[str, str]]] = "
+                          + json.dumps(table, indent=4, sort_keys=True) + "\n")
+
+
+def main(args) -> None:
+    """Find the layers, time each pass, print, and write the table with --write."""
+    from jax_dp import models
+
+    options = models.model_options(args.model, common.model_options(args))
+    common.use_xla_options(args.model)
+    import jax
+
+    from jax_dp import conv
+
+    platform = jax.default_backend()
+    print(f"{args.model} on {platform}, {args.batch_size} images per device, median of "
+          f"{args.repeats}\n\n| layer (input, kernel, strides, padding) | pass | formulation | ms | chosen |\n"
+          "|---|---|---|---:|---|")
+    entries = {}
+    for layer in layers(args.model, options, args.batch_size):
+        key = conv.layer_key(*layer)
+        times = time_passes(layer, args.repeats)
+        chosen = choose(times, args.margin)
+        for name, by in times.items():
+            for formulation, seconds in by.items():
+                mark = "yes" if chosen.get(name, "conv") == formulation else ""
+                print(f"| {key} | {name} | {formulation} | {seconds * 1e3:.2f} | {mark} |", flush=True)
+        entries[key] = chosen
+    if args.write:
+        write_table(platform, {k: v for k, v in entries.items() if v})
+        print(f"\nwrote {TABLE_FILE} for {platform}")
+
+
+def parser():
+    p = common.cli_parser("experiments.conv_passes", __doc__)
+    model = common.chosen_model("lenet")
+    p.add_argument("--model", default="lenet", help="a model name or module path")
+    common.add_model_options(p, model)
+    p.add_argument("--batch-size", type=int, default=256, help="images per device")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per formulation")
+    p.add_argument("--margin", type=float, default=0.05,
+                   help="a formulation replaces XLA's convolution only when this much faster")
+    p.add_argument("--write", action="store_true", help="write the choices into jax_dp/conv_passes.py")
+    return p
+
+
+if __name__ == "__main__":
+    common.run(main, parser)
