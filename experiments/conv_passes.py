@@ -61,11 +61,18 @@ def time_passes(layer: tuple, repeats: int) -> dict:
                                                             dimension_numbers=conv.CANONICAL),
                          jax.ShapeDtypeStruct(x_shape, "float32"))
     g = jax.device_put(rng.normal(size=out.shape).astype(np.float32))
-    times = {"dx": {}}
-    for name in FORMULATIONS["dx"]:
-        fn = jax.jit(lambda g, w, f=conv.DX[name]: f(g, w, x_shape[1:3], strides, pads))
-        jax.block_until_ready(fn(g, w))
-        times["dx"][name] = median_s(lambda: jax.block_until_ready(fn(g, w)), repeats)
+    x = jax.device_put(rng.normal(size=x_shape).astype(np.float32))
+    calls = {"forward": lambda f: (lambda x, w: f(x, w, strides, pads), x),
+             "dx": lambda f: (lambda g, w: f(g, w, x_shape[1:3], strides, pads), g)}
+    passes = {"forward": conv.FORWARD, "dx": conv.DX}
+    times = {}
+    for name, formulations in FORMULATIONS.items():
+        times[name] = {}
+        for formulation in formulations:
+            fn, first = calls[name](passes[name][formulation])
+            fn = jax.jit(fn)
+            jax.block_until_ready(fn(first, w))
+            times[name][formulation] = median_s(lambda: jax.block_until_ready(fn(first, w)), repeats)
     return times
 
 

@@ -31,8 +31,10 @@ def layer_key(x_shape, w_shape, strides, pads) -> str:
 def pass_formulation(name: str, x_shape, w_shape, strides, pads) -> str:
     """The formulation conv_passes.TABLE gives this pass of this layer on the default
     backend's platform ('conv', XLA's convolution, where it gives none)."""
-    table = conv_passes.TABLE.get(jax.default_backend(), {})
-    return table.get(layer_key(x_shape, w_shape, strides, pads), {}).get(name, "conv")
+    key = layer_key(x_shape, w_shape, strides, pads)
+    if not any(name in table.get(key, {}) for table in conv_passes.TABLE.values()):
+        return "conv"  # Without asking for the platform, which would start JAX's backend.
+    return conv_passes.TABLE.get(jax.default_backend(), {}).get(key, {}).get(name, "conv")
 
 
 def resolve_grads(grads: str, platform: str) -> str:
@@ -67,9 +69,30 @@ def _plain(x, w, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1)):
                                     dimension_numbers=CANONICAL)
 
 
+def _forward_conv(x, w, strides, pads):
+    """The forward pass as XLA's convolution."""
+    return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
+
+
+def _forward_taps(x, w, strides, pads):
+    """The forward pass as one matrix product: each output pixel's kh x kw x C window (the
+    padded input's kh·kw shifted, strided slices side by side) against the kernel read as
+    (kh kw C, O)."""
+    kh, kw, c, o = w.shape
+    x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
+    ho, wo = ((n - k) // s + 1 for n, k, s in zip(x.shape[1:3], (kh, kw), strides))
+    windows = jnp.concatenate([x[:, a:a + (ho - 1) * strides[0] + 1:strides[0],
+                                 b:b + (wo - 1) * strides[1] + 1:strides[1]]
+                               for a, b in itertools.product(range(kh), range(kw))], -1)
+    return windows @ w.reshape(kh * kw * c, o)
+
+
+FORWARD = {"conv": _forward_conv, "taps": _forward_taps}  # conv_passes.FORMULATIONS["forward"]
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _conv(x, w, strides, pads, grads):
-    return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
+    return FORWARD[pass_formulation("forward", x.shape, w.shape, strides, pads)](x, w, strides, pads)
 
 
 def _conv_fwd(x, w, strides, pads, grads):

@@ -8,9 +8,10 @@ with the same config computes the same bits on any machine with the same table.
 
 from __future__ import annotations
 
-# The formulations of each pass (jax_dp.conv): XLA's convolution, or for dX one matrix product
-# of the cotangent against the kernel and each tap's share shifted into place ("taps").
-FORMULATIONS = {"dx": ("conv", "taps")}
+# The formulations of each pass (jax_dp.conv): XLA's convolution, or "taps": for the forward
+# pass one matrix product of the input's shifted windows against the kernel, for dX one matrix
+# product of the cotangent against the kernel and each tap's share shifted into place.
+FORMULATIONS = {"forward": ("conv", "taps"), "dx": ("conv", "taps")}
 
 # platform -> layer key (conv.layer_key) -> pass -> formulation; experiments.conv_passes
 # rewrites the lines from here to the end of the file.
@@ -20,7 +21,8 @@ TABLE: dict[str, dict[str, dict[str, str]]] = {
             "dx": "taps"
         },
         "28x28x1 3x3x1x20 s1x1 p0,0x0,0": {
-            "dx": "taps"
+            "dx": "taps",
+            "forward": "taps"
         }
     }
 }

@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 from jax_dp import conv as conv_lib, conv_passes
-from jax_dp.conv import CANONICAL, DX, _dw_from_g, _dw_from_x, conv
+from jax_dp.conv import CANONICAL, DX, FORWARD, _dw_from_g, _dw_from_x, conv
 
 CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
     (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
@@ -88,6 +88,23 @@ def test_each_input_gradient_form_equals_lax_conv_in_float64(case, formulation):
         pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
             if isinstance(padding, str) else padding
         want, got = vjp(g)[0], DX[formulation](g, w, x.shape[1:3], (s, s), pads)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("formulation", sorted(FORWARD))
+@pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
+def test_each_forward_form_equals_lax_conv_in_float64(case, formulation):
+    """conv_passes.TABLE picks a form of the forward pass per layer; each must hold everywhere."""
+    n, size, c, o, k, s, padding = case
+    rng = np.random.default_rng(k * s + 2)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
+        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
+        want = lax.conv_general_dilated(x, w, (s, s), padding, dimension_numbers=CANONICAL)
+        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
+            if isinstance(padding, str) else padding
+        got = FORWARD[formulation](x, w, (s, s), pads)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
 

@@ -59,9 +59,13 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     ours, theirs = result["jax"], result["torch"]
     # The model as trained: LeNet's convolution on CPU is the chosen one (im2col has none), and
     # conv2's dX is a convolution unless the table gives it another formulation.
-    conv2_dx = conv_lib.pass_formulation("dx", (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), ((0, 0), (0, 0)))
-    kinds = ["conv forward", "conv dW"] + (["conv dX"] if conv2_dx == "conv" else [])
-    n_convs = 2 + 2 + (conv2_dx == "conv")  # Forward, dW, and dX where it is a convolution.
+    no_pads = ((0, 0), (0, 0))
+    conv1_forward = conv_lib.pass_formulation("forward", (8, 28, 28, 1), (3, 3, 1, 20), (1, 1), no_pads)
+    conv2_forward = conv_lib.pass_formulation("forward", (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), no_pads)
+    conv2_dx = conv_lib.pass_formulation("dx", (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), no_pads)
+    forwards = (conv1_forward == "conv") + (conv2_forward == "conv")
+    kinds = ["conv dW"] + (["conv forward"] if forwards else []) + (["conv dX"] if conv2_dx == "conv" else [])
+    n_convs = forwards + 2 + (conv2_dx == "conv")  # dW, and the others where they are convolutions.
     assert len(ours["convs"]) == (n_convs if models.model_module("lenet").CPU_CONV == "xla" else 0)
     for kind in kinds:
         assert ours["by_kind"][kind] == pytest.approx(
