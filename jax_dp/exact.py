@@ -16,23 +16,22 @@ apply's `micro`), its statistics summed in the same tree.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 
 from jax_dp import micro
 from jax_dp.config import MICRO_BATCHES
 from jax_dp.models.model import Model
-from jax_dp.step import TrainState, add_metrics, apply_gradients, apply_model, batch_metrics
+from jax_dp.step import TrainState, add_metrics, apply_gradients, apply_model, example_metrics
 
 
 def _per_device(axis_name: str | None) -> int:
     return MICRO_BATCHES // (1 if axis_name is None else lax.axis_size(axis_name))
 
 
-def _metrics(logits, labels, mask):
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return batch_metrics(logits, labels, mask, jnp.sum(losses * mask))
+def _each(fn, n, *rows):
+    """fn of each of the n micro-batches of rows (arrays of this device's rows), stacked."""
+    return micro.each(fn, *(micro.split(r, n) for r in rows))
 
 
 def _model_whole(state, batch, model, n, compute_dtype):
@@ -41,11 +40,10 @@ def _model_whole(state, batch, model, n, compute_dtype):
         def loss_fn(params):
             logits, _ = apply_model(model, params, state.model_state, x, mask, compute_dtype,
                                     train=True, axis_name=None)
-            new = _metrics(logits, labels, mask)
+            new = example_metrics(logits, labels, mask)
             return new["loss_sum"], new
-        grads, new = jax.grad(loss_fn, has_aux=True)(state.params)
-        return grads, new
-    grads, new = micro.each(one, *(micro.split(batch[key], n) for key in ("image", "label", "mask")))
+        return jax.grad(loss_fn, has_aux=True)(state.params)
+    grads, new = _each(one, n, batch["image"], batch["label"], batch["mask"])
     return micro.tree_sum(grads), new, state.model_state
 
 
@@ -57,7 +55,7 @@ def _layer_by_layer(state, batch, model, n, axis_name, compute_dtype):
     def loss_fn(params):
         logits, model_state = apply_model(model, params, state.model_state, batch["image"], mask,
                                           compute_dtype, train=True, axis_name=axis_name, micro=n)
-        new = micro.each(_metrics, *(micro.split(r, n) for r in (logits, labels, mask)))
+        new = _each(example_metrics, n, logits, labels, mask)
         return micro.tree_sum(new["loss_sum"]), (new, model_state)
     grads, (new, model_state) = jax.grad(loss_fn, has_aux=True)(state.params)
     return grads, new, model_state
@@ -86,9 +84,9 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     if model.micro:
         logits, _ = apply_model(model, state.params, state.model_state, x, mask, compute_dtype,
                                 train=False, axis_name=axis_name, micro=n)
-        new = micro.each(_metrics, *(micro.split(r, n) for r in (logits, labels, mask)))
+        new = _each(example_metrics, n, logits, labels, mask)
     else:
-        new = micro.each(lambda x, labels, mask: _metrics(apply_model(
+        new = _each(lambda x, labels, mask: example_metrics(apply_model(
             model, state.params, state.model_state, x, mask, compute_dtype, train=False,
-            axis_name=None)[0], labels, mask), *(micro.split(r, n) for r in (x, labels, mask)))
+            axis_name=None)[0], labels, mask), n, x, labels, mask)
     return add_metrics(metrics, micro.total(new, axis_name))

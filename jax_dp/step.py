@@ -60,6 +60,12 @@ def batch_metrics(logits, labels, mask, loss_sum):
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
 
 
+def example_metrics(logits, labels, mask):
+    """batch_metrics with the loss sum taken from the logits: the cross-entropy over real rows."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return batch_metrics(logits, labels, mask, jnp.sum(losses * mask))
+
+
 def add_metrics(metrics, new):
     return {**metrics, **{k: metrics[k] + v for k, v in new.items()}}
 
@@ -120,8 +126,7 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     x, y, mask = batch["image"], batch["label"], batch["mask"]
     logits, _ = apply_model(model, state.params, state.model_state, x, mask, compute_dtype,
                             train=False, axis_name=axis_name)
-    loss_sum = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
-    return add_metrics(metrics, allreduce(batch_metrics(logits, y, mask, loss_sum), axis_name))
+    return add_metrics(metrics, allreduce(example_metrics(logits, y, mask), axis_name))
 
 
 class Steps(NamedTuple):

@@ -54,59 +54,51 @@ def test_value_and_both_gradients_equal_lax_conv_in_float32(case):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()))
 
 
+def float64_case(case, seed):
+    """In float64 (call under jax.enable_x64): x, w, strides, pads, lax's output y, a random
+    cotangent g, and lax's pullback of (x, w)."""
+    n, size, c, o, k, s, padding = case
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
+    w = jnp.asarray(rng.normal(size=(k, k, c, o)))
+    y, pullback = jax.vjp(lambda x, w: lax.conv_general_dilated(
+        x, w, (s, s), padding, dimension_numbers=CANONICAL), x, w)
+    g = jnp.asarray(rng.normal(size=y.shape))
+    pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
+        if isinstance(padding, str) else padding
+    return x, w, (s, s), pads, y, g, pullback
+
+
+def assert_float64_equal(got, want):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("dw_from", [_dw_from_x, _dw_from_g], ids=["from_x", "from_g"])
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
     """conv picks one of two forms of dW per shape; each must hold for every shape."""
-    n, size, c, o, k, s, padding = case
-    rng = np.random.default_rng(k * s)
     with jax.enable_x64(True):
-        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
-        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
-        y, vjp = jax.vjp(lambda w: lax.conv_general_dilated(
-            x, w, (s, s), padding, dimension_numbers=CANONICAL), w)
-        g = jnp.asarray(rng.normal(size=y.shape))
-        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
-            if isinstance(padding, str) else padding
-        want, got = vjp(g)[0], dw_from(x, g, (k, k), (s, s), pads)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+        x, w, strides, pads, _, g, pullback = float64_case(case, case[4] * case[5])
+        assert_float64_equal(dw_from(x, g, w.shape[:2], strides, pads), pullback(g)[1])
 
 
 @pytest.mark.parametrize("formulation", sorted(DX))
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_input_gradient_form_equals_lax_conv_in_float64(case, formulation):
     """conv_passes.TABLE picks a form of dX per layer; each must hold for every shape."""
-    n, size, c, o, k, s, padding = case
-    rng = np.random.default_rng(k * s + 1)
     with jax.enable_x64(True):
-        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
-        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
-        y, vjp = jax.vjp(lambda x: lax.conv_general_dilated(
-            x, w, (s, s), padding, dimension_numbers=CANONICAL), x)
-        g = jnp.asarray(rng.normal(size=y.shape))
-        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
-            if isinstance(padding, str) else padding
-        want, got = vjp(g)[0], DX[formulation](g, w, x.shape[1:3], (s, s), pads)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+        x, w, strides, pads, _, g, pullback = float64_case(case, case[4] * case[5] + 1)
+        assert_float64_equal(DX[formulation](g, w, x.shape[1:3], strides, pads), pullback(g)[0])
 
 
 @pytest.mark.parametrize("formulation", sorted(FORWARD))
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_forward_form_equals_lax_conv_in_float64(case, formulation):
     """conv_passes.TABLE picks a form of the forward pass per layer; each must hold everywhere."""
-    n, size, c, o, k, s, padding = case
-    rng = np.random.default_rng(k * s + 2)
     with jax.enable_x64(True):
-        x = jnp.asarray(rng.normal(size=(n, size, size + 1, c)))
-        w = jnp.asarray(rng.normal(size=(k, k, c, o)))
-        want = lax.conv_general_dilated(x, w, (s, s), padding, dimension_numbers=CANONICAL)
-        pads = lax.padtype_to_pads(x.shape[1:3], (k, k), (s, s), padding) \
-            if isinstance(padding, str) else padding
-        got = FORWARD[formulation](x, w, (s, s), pads)
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
+        x, w, strides, pads, y, _, _ = float64_case(case, case[4] * case[5] + 2)
+        assert_float64_equal(FORWARD[formulation](x, w, strides, pads), y)
 
 
 def test_the_table_chooses_a_layers_formulation_on_its_platform_only(monkeypatch):
