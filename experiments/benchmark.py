@@ -82,8 +82,8 @@ def main(args) -> None:
     d = DEFAULTS[args.model]
     devices = args.devices or common.comma_list(int, "counts")(d["devices"])
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
-    if min(devices) < 1 or steps < 1 or batch_size < 1 or args.repeats < 1:
-        raise ValueError("--devices, --steps, --batch-size and --repeats must be positive")
+    if min(devices) < 1:
+        raise ValueError(f"--devices must be at least 1, got {min(devices)}")
     known = paths(args.model)
     chosen = args.paths or list(known)
     unknown = set(chosen) - set(known)
@@ -148,9 +148,9 @@ def parser():
     p.add_argument("--paths", type=common.comma_list(str, "names"),
                    help="training paths, formulation/fusions (default: all; lenet: readable or "
                         "im2col, resnet18: canonical; fusions: ynn-default, ynn-dots, ynn-noconv)")
-    p.add_argument("--steps", type=int, help="steps per timed run (default: lenet 100, resnet18 3)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; figures are their median")
-    p.add_argument("--batch-size", type=int, help="global batch size (default 256)")
+    p.add_argument("--steps", type=common.at_least(1), help="steps per timed run (default: lenet 100, resnet18 3)")
+    p.add_argument("--repeats", type=common.at_least(1), default=3, help="timed runs; figures are their median")
+    p.add_argument("--batch-size", type=common.at_least(1), help="global batch size (default 256)")
     p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--plot", type=Path, help="write a PNG of throughput against devices here")

@@ -25,6 +25,31 @@ def comma_list(kind: type, what: str) -> Callable[[str], list]:
     return parse
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """A flag type for an integer of at least low."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer of at least {low}, got {text!r}")
+        return value
+    return parse
+
+
+def fraction(text: str) -> float:
+    """A flag type for a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:  # nan fails too.
+        raise argparse.ArgumentTypeError(f"must be a number from 0 up to (not including) 1, "
+                                         f"got {text!r}")
+    return value
+
+
 def per_run(values: list, n: int, flag: str) -> list:
     """One value per run: a single value serves all n runs, else exactly n are needed."""
     if len(values) == 1:

@@ -30,8 +30,6 @@ def main(args) -> None:
     options = models.model_options(args.model, common.model_options(args))
     batch_size = args.batch_size or defaults["batch_size"]
     lr = args.lr or defaults["lr"]
-    if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
     if args.exact:
         for backend in args.backends:
             for k in args.devices:
@@ -97,8 +95,8 @@ def parser():
                    help="device counts to compare against the single-device reference")
     p.add_argument("--backends", type=common.comma_list(str, "names"), default="pmap",
                    help=f"backends to compare, of {', '.join(backends.BACKENDS)}")
-    p.add_argument("--steps", type=int, default=20, help="training steps")
-    p.add_argument("--batch-size", type=int, help="global batch (default: lenet 256, resnet18 16, "
+    p.add_argument("--steps", type=common.at_least(1), default=20, help="training steps")
+    p.add_argument("--batch-size", type=common.at_least(1), help="global batch (default: lenet 256, resnet18 16, "
                    "others 256)")
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1, "
                    "others 0.1)")

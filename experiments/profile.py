@@ -16,10 +16,6 @@ from experiments import common
 def main(args) -> None:
     """Profile both, print the tables, write --json."""
     common.check_writable(args.json)
-    if args.batch_size < 1 or args.repeats < 1:
-        raise ValueError("--batch-size and --repeats must be at least 1")
-    if args.pairs < 0:
-        raise ValueError("--pairs must be 0 (no alternation) or more")
     if args.pairs and args.peer != "torch":
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     common.use_xla_options(args.model)
@@ -94,10 +90,10 @@ def parser():
     """This experiment's flags."""
     p = common.cli_parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=["lenet", "resnet18"])
-    p.add_argument("--batch-size", type=int, default=256, help="images per step")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs of each; figures are medians")
+    p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per step")
+    p.add_argument("--repeats", type=common.at_least(1), default=5, help="timed runs of each; figures are medians")
     p.add_argument("--peer", choices=["torch"], help="also profile PyTorch's step")
-    p.add_argument("--pairs", type=int, default=0,
+    p.add_argument("--pairs", type=common.at_least(0), default=0,
                    help="then time jax_dp's step and PyTorch's in turns, this many of each")
     p.add_argument("--json", type=Path, help="write both profiles here")
     return p

@@ -19,11 +19,9 @@ from jax_dp import devices  # noqa: E402  (after the cache settings: JAX reads t
 NDEV = 8
 devices.simulate_cpu_devices(NDEV)
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from jax_dp import data  # noqa: E402
-
 
 
 @pytest.fixture(scope="session")

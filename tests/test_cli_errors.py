@@ -51,6 +51,26 @@ def test_bad_values_are_one_line_before_training(flags, message):
     one_line(lenet(*flags), 2, message)
 
 
+@pytest.mark.parametrize("cli, flags, message", [
+    ("exact_cost", ["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
+    ("exact_cost", ["--rounds", "x"], "--rounds: must be an integer of at least 1, got 'x'"),
+    ("exact_cost", ["--batch-size", "-5"], "--batch-size: must be an integer of at least 1, got '-5'"),
+    ("conv_passes", ["--repeats", "0"], "--repeats: must be an integer of at least 1, got '0'"),
+    ("conv_passes", ["--batch-size", "0"], "--batch-size: must be an integer of at least 1, got '0'"),
+    ("conv_passes", ["--margin", "1"], "--margin: must be a number from 0 up to (not including) 1, "
+                                       "got '1'"),
+    ("conv_passes", ["--margin", "nan"], "--margin: must be a number from 0 up to"),
+    ("compare", ["--batch-size", "0"], "--batch-size: must be an integer of at least 1, got '0'"),
+    ("benchmark", ["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
+    ("launch", ["--processes", "0", "--", "true"], "--processes: must be an integer of at least 1"),
+])
+def test_a_measurement_cli_refuses_a_count_it_cannot_use_in_one_line(cli, flags, message):
+    """Zero is refused, not read as 'the default'."""
+    proc = subprocess.run([sys.executable, "-m", f"experiments.{cli}", *flags],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    one_line(proc, 2, message)
+
+
 def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tmp_path):
     proc = lenet("--plot", str(tmp_path / "p.xyz"), "--json", str(tmp_path / "r.json"))
     one_line(proc, 2, f"--plot {tmp_path / 'p.xyz'}: matplotlib cannot write .xyz files: use one of ")

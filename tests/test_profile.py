@@ -91,12 +91,14 @@ def test_the_profile_cli_refuses_a_batch_of_zero():
     proc = subprocess.run([sys.executable, "-m", "experiments.profile", "--batch-size", "0"],
                           capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "python -m experiments.profile: error: --batch-size and --repeats must be at least 1"]
+        "python -m experiments.profile: error: argument --batch-size: must be an integer of at "
+        "least 1, got '0' (see --help)"]
 
 
 @pytest.mark.parametrize("flags,error", [
     (["--pairs", "2"], "--pairs alternates jax_dp's step with PyTorch's: add --peer torch"),
-    (["--pairs", "-1", "--peer", "torch"], "--pairs must be 0 (no alternation) or more")])
+    (["--pairs", "-1", "--peer", "torch"],
+     "argument --pairs: must be an integer of at least 0, got '-1' (see --help)")])
 def test_the_profile_cli_refuses_pairs_it_cannot_time(flags, error):
     proc = subprocess.run([sys.executable, "-m", "experiments.profile", *flags],
                           capture_output=True, text=True, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})

@@ -57,7 +57,9 @@ def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
     (["--devices", "2,-1"], "--devices must be at least 1, got -1"),
     (["--processes", "1"], "--processes must be 0 (skip) or at least 2, got 1"),
     (["--batch-size", "63", "--devices", "2"], "--batch-size 63 must split evenly"),
-    (["--batch-size", "1", "--devices", "1"], "--batch-size and --sizes at least 2"),
+    (["--batch-size", "1", "--devices", "1"], "--batch-size: must be an integer of at least 2, got '1'"),
+    (["--sizes", "1"], "--sizes: must be an integer of at least 2, got '1'"),
+    (["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
 ])
 def test_bad_input_is_one_line(flags, message):
     proc = scaling_cli(*flags)
