@@ -2,7 +2,8 @@
 
 Run: `python -m experiments.conv_passes --model lenet --write` traces the model's training step
 to find its convolution layers (at --batch-size per device), times each formulation of each pass
-of each layer alone on one device (jax_dp.conv_passes.FORMULATIONS), prints the times, and with
+of each layer on one device (jax_dp.conv_passes.FORMULATIONS; the forward pass alone, dX and dW
+beside the forward formulation chosen, as in a step), prints the times, and with
 --write puts the fastest, where it beats XLA's convolution by --margin, in jax_dp/conv_passes.py
 for this platform. Run it again on another CPU, or on a GPU, to make that machine's table.
 """
@@ -44,8 +45,10 @@ def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
     return list(seen.values())
 
 
-def time_passes(layer: tuple, repeats: int) -> dict:
-    """pass -> formulation -> median seconds, each formulation compiled alone."""
+def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
+    """pass -> formulation -> median seconds, each formulation compiled alone; dX's and dW's
+    beside the chosen forward pass (their time with it, less its time alone), as in a step,
+    where XLA computes what they share with it (the input's windows) once."""
     import jax
     import numpy as np
     from jax import lax
@@ -62,17 +65,26 @@ def time_passes(layer: tuple, repeats: int) -> dict:
                          jax.ShapeDtypeStruct(x_shape, "float32"))
     g = jax.device_put(rng.normal(size=out.shape).astype(np.float32))
     x = jax.device_put(rng.normal(size=x_shape).astype(np.float32))
-    calls = {"forward": lambda f: (lambda x, w: f(x, w, strides, pads), x),
-             "dx": lambda f: (lambda g, w: f(g, w, x_shape[1:3], strides, pads), g)}
-    passes = {"forward": conv.FORWARD, "dx": conv.DX}
-    times = {}
-    for name, formulations in FORMULATIONS.items():
-        times[name] = {}
-        for formulation in formulations:
-            fn, first = calls[name](passes[name][formulation])
-            fn = jax.jit(fn)
-            jax.block_until_ready(fn(first, w))
-            times[name][formulation] = median_s(lambda: jax.block_until_ready(fn(first, w)), repeats)
+    one = jax.device_put(np.float32(1))
+    calls = {"forward": lambda f, x, g: f(x, w, strides, pads),
+             "dx": lambda f, x, g: f(g, w, x_shape[1:3], strides, pads),
+             "dw": lambda f, x, g: f(x, g, w_shape[:2], strides, pads)}
+    passes = {"forward": conv.FORWARD, "dx": conv.DX, "dw": conv.DW}
+
+    def timed(*fs):
+        # The activations come out of a fusion (x * s, s a runtime 1), as in a step: XLA folds
+        # a transpose of an entry parameter into the convolution's layout, which a step never
+        # sees and which runs dW's convolution about 15x slower.
+        fn = jax.jit(lambda x, g, s: [call(f, x * s, g * s) for call, f in fs])
+        jax.block_until_ready(fn(x, g, one))
+        return median_s(lambda: jax.block_until_ready(fn(x, g, one)), repeats)
+
+    times = {"forward": {f: timed((calls["forward"], conv.FORWARD[f]))
+                         for f in FORMULATIONS["forward"]}}
+    forward = (calls["forward"], conv.FORWARD[choose(times, margin).get("forward", "conv")])
+    for name in ("dx", "dw"):
+        times[name] = {f: timed(forward, (calls[name], passes[name][f])) - timed(forward)
+                       for f in FORMULATIONS[name]}
     return times
 
 
@@ -115,7 +127,7 @@ def main(args) -> None:
     entries = {}
     for layer in layers(args.model, options, args.batch_size):
         key = conv.layer_key(*layer)
-        times = time_passes(layer, args.repeats)
+        times = time_passes(layer, args.repeats, args.margin)
         chosen = choose(times, args.margin)
         for name, by in times.items():
             for formulation, seconds in by.items():

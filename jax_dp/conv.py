@@ -74,17 +74,24 @@ def _forward_conv(x, w, strides, pads):
     return lax.conv_general_dilated(x, w, strides, pads, dimension_numbers=CANONICAL)
 
 
-def _forward_taps(x, w, strides, pads):
-    """The forward pass as one matrix product: each output pixel's kh x kw x C window (the
-    padded input's kh·kw shifted, strided slices side by side) against the kernel read as
-    (kh kw C, O)."""
-    kh, kw, c, o = w.shape
+def _shifted(x, kernel, strides, pads):
+    """The padded input's kh·kw shifted, strided slices, one per tap (a, b), each (N, Ho, Wo, C)."""
     x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
-    ho, wo = ((n - k) // s + 1 for n, k, s in zip(x.shape[1:3], (kh, kw), strides))
-    windows = jnp.concatenate([x[:, a:a + (ho - 1) * strides[0] + 1:strides[0],
-                                 b:b + (wo - 1) * strides[1] + 1:strides[1]]
-                               for a, b in itertools.product(range(kh), range(kw))], -1)
-    return windows @ w.reshape(kh * kw * c, o)
+    ho, wo = ((n - k) // s + 1 for n, k, s in zip(x.shape[1:3], kernel, strides))
+    return [x[:, a:a + (ho - 1) * strides[0] + 1:strides[0], b:b + (wo - 1) * strides[1] + 1:strides[1]]
+            for a, b in itertools.product(*map(range, kernel))]
+
+
+def _windows(x, kernel, strides, pads):
+    """Each output pixel's kh x kw x C input window as one row, (N, Ho, Wo, kh kw C)."""
+    return jnp.concatenate(_shifted(x, kernel, strides, pads), -1)
+
+
+def _forward_taps(x, w, strides, pads):
+    """The forward pass as one matrix product: each output pixel's window against the kernel
+    read as (kh kw C, O)."""
+    kh, kw, c, o = w.shape
+    return _windows(x, (kh, kw), strides, pads) @ w.reshape(kh * kw * c, o)
 
 
 FORWARD = {"conv": _forward_conv, "taps": _forward_taps}  # conv_passes.FORMULATIONS["forward"]
@@ -114,8 +121,7 @@ def _conv_bwd(strides, pads, grads, residuals, g):
     # ReLU it recomputes rather than read x, it is up to 10x slower. g comes from fusions
     # that XLA does not fuse further: transpose g, unless x is the smaller (a network's stem).
     with jax.named_scope("conv_dw"):
-        dw_from = _dw_from_x if x[0].size < g[0].size else _dw_from_g
-        dw = dw_from(x, g, kernel, strides, pads)
+        dw = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)](x, g, kernel, strides, pads)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
@@ -147,6 +153,24 @@ def _dx_taps(g, w, sizes, strides, pads):
 
 
 DX = {"conv": _dx_conv, "taps": _dx_taps}  # conv_passes.FORMULATIONS["dx"]
+
+
+def _dw_conv(x, g, kernel, strides, pads):
+    """dW as XLA's convolution of x and g, one of them transposed (_dw_from_x, _dw_from_g)."""
+    dw_from = _dw_from_x if x[0].size < g[0].size else _dw_from_g
+    return dw_from(x, g, kernel, strides, pads)
+
+
+def _dw_taps(x, g, kernel, strides, pads):
+    """dW as one matrix product: the input's windows (as the forward 'taps' builds them, which
+    XLA computes once for both) read as (N Ho Wo, kh kw C), transposed, against g read as
+    (N Ho Wo, O); no operand is transposed in memory."""
+    rows = _windows(x, kernel, strides, pads)
+    dw = rows.reshape(-1, rows.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+    return dw.reshape(*kernel, x.shape[3], g.shape[3])
+
+
+DW = {"conv": _dw_conv, "taps": _dw_taps}  # conv_passes.FORMULATIONS["dw"]
 
 
 def _dw_from_x(x, g, kernel, strides, pads):

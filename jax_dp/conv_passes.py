@@ -8,10 +8,13 @@ with the same config computes the same bits on any machine with the same table.
 
 from __future__ import annotations
 
-# The formulations of each pass (jax_dp.conv): XLA's convolution, or "taps": for the forward
-# pass one matrix product of the input's shifted windows against the kernel, for dX one matrix
-# product of the cotangent against the kernel and each tap's share shifted into place.
-FORMULATIONS = {"forward": ("conv", "taps"), "dx": ("conv", "taps")}
+# The formulations of each pass (jax_dp.conv): XLA's convolution ("conv"), or
+#   forward: "taps", one matrix product of the input's windows (its shifted slices side by
+#     side) against the kernel;
+#   dx: "taps", one matrix product of the cotangent against the kernel, each tap's share then
+#     shifted into place;
+#   dw: "taps", one matrix product of the input's windows against the cotangent.
+FORMULATIONS = {"forward": ("conv", "taps"), "dx": ("conv", "taps"), "dw": ("conv", "taps")}
 
 # platform -> layer key (conv.layer_key) -> pass -> formulation; experiments.conv_passes
 # rewrites the lines from here to the end of the file.
@@ -21,6 +24,7 @@ TABLE: dict[str, dict[str, dict[str, str]]] = {
             "dx": "taps"
         },
         "28x28x1 3x3x1x20 s1x1 p0,0x0,0": {
+            "dw": "taps",
             "dx": "taps",
             "forward": "taps"
         }

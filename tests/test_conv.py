@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 from jax_dp import conv as conv_lib, conv_passes
-from jax_dp.conv import CANONICAL, DX, FORWARD, _dw_from_g, _dw_from_x, conv
+from jax_dp.conv import CANONICAL, DW, DX, FORWARD, _dw_from_g, _dw_from_x, conv
 
 CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
     (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
@@ -74,10 +74,12 @@ def assert_float64_equal(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("dw_from", [_dw_from_x, _dw_from_g], ids=["from_x", "from_g"])
+@pytest.mark.parametrize("dw_from", [_dw_from_x, _dw_from_g, DW["taps"]],
+                         ids=["conv_from_x", "conv_from_g", "taps"])
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
-    """conv picks one of two forms of dW per shape; each must hold for every shape."""
+    """dW's convolution takes one of two forms per shape, and conv_passes.TABLE may pick the
+    matrix product instead; each must hold for every shape."""
     with jax.enable_x64(True):
         x, w, strides, pads, _, g, pullback = float64_case(case, case[4] * case[5])
         assert_float64_equal(dw_from(x, g, w.shape[:2], strides, pads), pullback(g)[1])
@@ -113,15 +115,16 @@ def test_the_table_chooses_a_layers_formulation_on_its_platform_only(monkeypatch
     assert conv_lib.pass_formulation("dx", x_shape, w_shape, strides, pads) == "conv"
 
 
-def test_the_chosen_formulation_is_the_one_traced(monkeypatch):
-    """The step's dX for a layer in the table is a matrix product, not a convolution."""
+@pytest.mark.parametrize("name, argnum", [("dx", 0), ("dw", 1)])
+def test_the_chosen_formulation_is_the_one_traced(monkeypatch, name, argnum):
+    """The step's dX or dW for a layer in the table is a matrix product, not a convolution."""
     x, w = jnp.ones((4, 13, 13, 20)), jnp.ones((5, 5, 20, 50))
     monkeypatch.setattr(conv_passes, "TABLE", {})
-    convs = lambda: jax.jit(jax.grad(lambda x: jnp.sum(conv(x, w, grads="canonical")))).lower(
-        x).as_text().count("stablehlo.convolution")  # noqa: E731  (traced anew each call)
-    assert convs() == 1  # dX (the loss needs no forward value, nor dW).
+    convs = lambda: jax.jit(jax.grad(lambda x, w: jnp.sum(conv(x, w, grads="canonical")), argnum)).lower(
+        x, w).as_text().count("stablehlo.convolution")  # noqa: E731  (traced anew each call)
+    assert convs() == 1  # The one gradient (the loss needs no forward value).
     key = conv_lib.layer_key(x.shape, w.shape, (1, 1), ((0, 0), (0, 0)))
-    monkeypatch.setattr(conv_passes, "TABLE", {jax.default_backend(): {key: {"dx": "taps"}}})
+    monkeypatch.setattr(conv_passes, "TABLE", {jax.default_backend(): {key: {name: "taps"}}})
     assert convs() == 0
 
 

@@ -41,5 +41,5 @@ def test_the_command_times_every_formulation_of_every_layer():
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 13x13x20") or
             line.startswith("| 28x28x1")]
-    assert len(rows) == 2 * 2 * 2  # 2 layers x 2 passes (forward, dX) x 2 formulations.
-    assert sum(row.endswith("| yes |") for row in rows) == 2 * 2  # One chosen per layer and pass.
+    assert len(rows) == 2 * 3 * 2  # 2 layers x 3 passes (forward, dX, dW) x 2 formulations.
+    assert sum(row.endswith("| yes |") for row in rows) == 2 * 3  # One chosen per layer and pass.

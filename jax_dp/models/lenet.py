@@ -50,7 +50,10 @@ def conv2d_im2col(x: jax.Array, layer: dict) -> jax.Array:
 
 
 def _avg_pool(x):
-    return lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+    """2x2 average pooling, stride 2 (an odd last row or column dropped), as a reshape and a sum:
+    on XLA:CPU a fusion, where lax.reduce_window and its gradient take 1.15x the step."""
+    n, h, w, c = x.shape
+    return x[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).sum((2, 4)) / 4.0
 
 
 def lenet(params: Params, X: jax.Array, convolve=conv2d, act=jax.nn.relu) -> jax.Array:
