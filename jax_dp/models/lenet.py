@@ -6,7 +6,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jax_dp.conv import conv, resolve_grads
 from jax_dp.models.model import ACTIVATION, ACTIVATIONS, CONV_GRADS, Model, Option
