@@ -182,19 +182,17 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                         bar.update(n)
                         on_step(position)
                         if position.step < per_epoch:  # An epoch's last step is saved at its end.
-                            _between_steps(backend, ckpt, state, metrics, position, stop, due=bool(
-                                checkpoint_every and position.global_step // checkpoint_every
-                                > before // checkpoint_every), epoch_start=epoch_start)
+                            due = _crossed(before, position.global_step, checkpoint_every)
+                            _between_steps(backend, ckpt, state, metrics, position, stop, due=due,
+                                           epoch_start=epoch_start)
                     in_flight.drain()
                 time_s = time.perf_counter() - epoch_start
-                sums = _check_finite(backend, metrics, position)
-                test_acc = evaluate_accuracy(steps, state, test_data, config.batch_size)
-                log(f"epoch {position.epoch + 1}, time {time_s:.1f} sec, test acc {test_acc:.2f}")
+                result = _epoch_result(steps, state, metrics, position, test_data,
+                                       config.batch_size, time_s)
+                log(f"epoch {result['epoch']}, time {time_s:.1f} sec, "
+                    f"test acc {result['test_acc']:.2f}")
                 position = position.next_epoch(
-                    {"epoch": position.epoch + 1, "time_s": time_s, "test_acc": test_acc,
-                     "train_loss": sums["loss_sum"] / sums["count"],
-                     "train_acc": sums["correct"] / sums["count"]},
-                    epoch_order(config, position.key, position.epoch + 1))
+                    result, epoch_order(config, position.key, position.epoch + 1))
                 metrics = backend.replicate(zero_metrics())
                 on_epoch(summary())
                 _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
@@ -218,6 +216,21 @@ def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, 
     check_step_timeout(step_timeout)
     if (resume or checkpoint_every) and not checkpoint_dir:
         raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """Whether the global steps from before to after passed a multiple of every (0: never)."""
+    return bool(every) and after // every > before // every
+
+
+def _epoch_result(steps: Steps, state: TrainState, metrics: dict, position: Position,
+                  test_data: data_lib.Split, batch_size: int, time_s: float) -> dict:
+    """The finished epoch's line of the history: its training sums and the test accuracy."""
+    sums = _check_finite(steps.backend, metrics, position)
+    return {"epoch": position.epoch + 1, "time_s": time_s,
+            "test_acc": evaluate_accuracy(steps, state, test_data, batch_size),
+            "train_loss": sums["loss_sum"] / sums["count"],
+            "train_acc": sums["correct"] / sums["count"]}
 
 
 def _bar(progress: bool, position: Position, total: int) -> tqdm.tqdm:
