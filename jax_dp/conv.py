@@ -56,6 +56,8 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
       dx = g (dilated by the stride, padded k-1-p) conv the flipped kernel, in/out swapped;
       dw = x and g convolved over H and W, summing N, which needs one of them wholly
         transposed (N last): g, unless x is the smaller (_dw_from_g, _dw_from_x).
+    Where conv_passes.TABLE names a layer, a pass may instead be a matrix product (FORWARD,
+    DX, DW): the same values to rounding, measured faster on that platform.
     """
     strides = tuple(strides)
     x, w = same_varying(x, w)
@@ -116,10 +118,6 @@ def _conv_bwd(strides, pads, grads, residuals, g):
     sizes, kernel = x.shape[1:3], w.shape[:2]
     with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
         dx = DX[pass_formulation("dx", x.shape, w.shape, strides, pads)](g, w, sizes, strides, pads)
-    # dW sums over N, so one of x and g must be wholly transposed (N last). XLA:CPU runs a
-    # transpose at copy speed only when its input is in memory; fused with the BatchNorm and
-    # ReLU it recomputes rather than read x, it is up to 10x slower. g comes from fusions
-    # that XLA does not fuse further: transpose g, unless x is the smaller (a network's stem).
     with jax.named_scope("conv_dw"):
         dw = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)](x, g, kernel, strides, pads)
     return dx.astype(x.dtype), dw.astype(w.dtype)
@@ -157,6 +155,10 @@ DX = {"conv": _dx_conv, "taps": _dx_taps}  # conv_passes.FORMULATIONS["dx"]
 
 def _dw_conv(x, g, kernel, strides, pads):
     """dW as XLA's convolution of x and g, one of them transposed (_dw_from_x, _dw_from_g)."""
+    # dW sums over N, so one of x and g must be wholly transposed (N last). XLA:CPU runs a
+    # transpose at copy speed only when its input is in memory; fused with the BatchNorm and
+    # ReLU it recomputes rather than read x, it is up to 10x slower. g comes from fusions
+    # that XLA does not fuse further: transpose g, unless x is the smaller (a network's stem).
     dw_from = _dw_from_x if x[0].size < g[0].size else _dw_from_g
     return dw_from(x, g, kernel, strides, pads)
 
