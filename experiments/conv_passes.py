@@ -3,9 +3,12 @@
 Run: `python -m experiments.conv_passes --model lenet --write` traces the model's training step
 to find its convolution layers (at --batch-size per device), times each formulation of each pass
 of each layer on one device (jax_dp.conv_passes.FORMULATIONS; the forward pass alone, dX and dW
-beside the forward formulation chosen, as in a step), prints the times, and with
---write puts the fastest, where it beats XLA's convolution by --margin, in jax_dp/conv_passes.py
-for this platform. Run it again on another CPU, or on a GPU, to make that machine's table.
+beside the forward formulation chosen, as in a step), and prints the times. A formulation is
+chosen where it beats XLA's convolution by --margin; then the whole training step is timed with
+and without the model's choices (--step-rounds, alternating), and they are kept only if the step
+gains by --margin too. --write puts them in jax_dp/conv_passes.py for this platform (and removes
+the model's layers that keep XLA's convolution). Run it again on another CPU, or on a GPU, to
+make that machine's table.
 """
 
 from __future__ import annotations
@@ -98,12 +101,52 @@ def choose(times: dict, margin: float) -> dict:
     return chosen
 
 
+def with_entries(table: dict, platform: str, entries: dict) -> dict:
+    """table with platform's entries for these layers replaced (an empty entry removes its
+    layer; other layers and platforms stay)."""
+    merged = {**table, platform: {**table.get(platform, {}), **entries}}
+    merged = {p: {k: v for k, v in t.items() if v} for p, t in merged.items()}
+    return {p: t for p, t in merged.items() if t}
+
+
+def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, entries: dict,
+                rounds: int, steps: int = 10) -> list[float]:
+    """Per round, the model's training step (one device, real batches) with entries in the
+    table over the step with XLA's convolution for those layers, the two timed in turn."""
+    from jax_dp import conv_passes, data, devices, models
+    from jax_dp.measure.benchmark import time_steps
+
+    split = data.load_fashion_mnist("train", limit=steps * batch_size)
+    batches = list(data.batches(split, batch_size))
+    tables = [with_entries(conv_passes.TABLE, platform, {k: {} for k in entries}),
+              with_entries(conv_passes.TABLE, platform, entries)]
+    original, ratios = conv_passes.TABLE, []
+    try:
+        for _ in range(rounds):
+            seconds = []
+            for table in tables:
+                conv_passes.TABLE = table  # Read when the step is traced, anew for each model.
+                model = models.get_model(model_name, **options)
+                seconds.append(time_steps(model, "pmap", devices.get_devices(1), batches,
+                                          repeats=1)["step_s"][0])
+            ratios.append(seconds[1] / seconds[0])
+    finally:
+        conv_passes.TABLE = original
+    return ratios
+
+
+def step_gains(ratios: list[float], margin: float) -> bool:
+    """Whether the rounds' median step with the entries beats the step without by margin."""
+    import numpy as np
+
+    return bool(np.median(ratios) < 1 - margin)
+
+
 def write_table(platform: str, entries: dict) -> None:
-    """Replace this platform's entries of jax_dp/conv_passes.py's TABLE (others stay)."""
+    """Replace these layers' entries for platform in jax_dp/conv_passes.py's TABLE."""
     from jax_dp import conv_passes
 
-    table = {**conv_passes.TABLE, platform: {**conv_passes.TABLE.get(platform, {}), **entries}}
-    table = {p: t for p, t in table.items() if t}
+    table = with_entries(conv_passes.TABLE, platform, entries)
     text = TABLE_FILE.read_text()
     head = text[:text.index("TABLE: ")]
     TABLE_FILE.write_text(head + "TABLE: dict[str, dict[str, dict[str, str]]] = "
@@ -134,8 +177,17 @@ def main(args) -> None:
                 mark = "yes" if chosen.get(name, "conv") == formulation else ""
                 print(f"| {key} | {name} | {formulation} | {seconds * 1e3:.2f} | {mark} |", flush=True)
         entries[key] = chosen
+    if args.step_rounds and any(entries.values()):
+        ratios = step_ratios(args.model, options, args.batch_size, platform, entries,
+                             args.step_rounds)
+        print(f"\nthe whole step with these choices / with XLA's convolution, {args.step_rounds} "
+              f"round(s): {', '.join(f'{r:.3f}' for r in ratios)}")
+        if not step_gains(ratios, args.margin):
+            print(f"the step does not gain by --margin {args.margin}: these layers keep XLA's "
+                  "convolution")
+            entries = {key: {} for key in entries}
     if args.write:
-        write_table(platform, {k: v for k, v in entries.items() if v})
+        write_table(platform, entries)
         print(f"\nwrote {TABLE_FILE} for {platform}")
 
 
@@ -148,6 +200,9 @@ def parser():
     p.add_argument("--repeats", type=common.at_least(1), default=20, help="timed calls per formulation")
     p.add_argument("--margin", type=common.fraction, default=0.05,
                    help="a formulation replaces XLA's convolution only when this much faster")
+    p.add_argument("--step-rounds", type=common.at_least(0), default=3,
+                   help="rounds timing the whole training step with and without the choices; "
+                        "they are kept only if the step gains by --margin (0: no check)")
     p.add_argument("--write", action="store_true", help="write the choices into jax_dp/conv_passes.py")
     return p
 

@@ -34,12 +34,47 @@ def test_the_written_table_is_read_back_and_keeps_other_platforms(tmp_path, monk
     assert written.FORMULATIONS == conv_passes.FORMULATIONS
 
 
-def test_the_command_times_every_formulation_of_every_layer():
+def test_the_command_times_every_formulation_of_every_layer_and_the_whole_step():
     proc = subprocess.run([sys.executable, "-m", "experiments.conv_passes", "--model", "lenet",
-                           "--batch-size", "4", "--repeats", "1"], capture_output=True, text=True,
-                          timeout=300)
+                           "--batch-size", "4", "--repeats", "1", "--step-rounds", "2",
+                           "--margin", "0"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| 13x13x20") or
             line.startswith("| 28x28x1")]
     assert len(rows) == 2 * 3 * 2  # 2 layers x 3 passes (forward, dX, dW) x 2 formulations.
     assert sum(row.endswith("| yes |") for row in rows) == 2 * 3  # One chosen per layer and pass.
+    if any(row.endswith("| taps | yes |") for row in rows):  # Some choice to check in the step.
+        line = next(line for line in proc.stdout.splitlines() if line.startswith("the whole step"))
+        ratios = [float(r) for r in line.split(": ")[1].split(", ")]
+        assert len(ratios) == 2 and all(0 < r < 10 for r in ratios)
+        kept = "these layers keep XLA's convolution" not in proc.stdout
+        assert kept == command.step_gains(ratios, 0.0)
+
+
+def test_the_step_check_keeps_choices_only_when_the_median_round_gains_by_the_margin():
+    assert command.step_gains([0.72, 0.75, 0.90], 0.05)
+    assert not command.step_gains([0.89, 1.05, 1.02], 0.05)  # One fast round is not enough.
+    assert not command.step_gains([0.97, 0.96, 0.98], 0.05)
+
+
+def test_an_empty_entry_removes_its_layer_and_nothing_else():
+    table = {"cpu": {"a": {"dx": "taps"}, "b": {"forward": "taps"}}, "gpu": {"a": {"dx": "taps"}}}
+    assert command.with_entries(table, "cpu", {"a": {}, "c": {"dw": "taps"}}) == {
+        "cpu": {"b": {"forward": "taps"}, "c": {"dw": "taps"}}, "gpu": {"a": {"dx": "taps"}}}
+    assert command.with_entries({"cpu": {"a": {"dx": "taps"}}}, "cpu", {"a": {}}) == {}
+
+
+def test_step_ratios_time_the_step_with_the_entries_over_without(monkeypatch):
+    """The second of each round's pair is timed with the entries in the table, the first
+    without them; the table is restored after."""
+    from jax_dp.measure import benchmark
+
+    seen, before = [], dict(conv_passes.TABLE)
+    monkeypatch.setattr(benchmark, "time_steps", lambda *a, **k: (
+        seen.append(dict(conv_passes.TABLE.get("cpu", {}))),
+        {"step_s": [2.0 if len(seen) % 2 else 1.0]})[1])
+    key = "13x13x20 5x5x20x50 s1x1 p0,0x0,0"
+    ratios = command.step_ratios("lenet", {}, 4, "cpu", {key: {"dw": "taps"}}, rounds=2, steps=1)
+    assert ratios == [0.5, 0.5]
+    assert [s.get(key) for s in seen] == [None, {"dw": "taps"}] * 2
+    assert conv_passes.TABLE == before
