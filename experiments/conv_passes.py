@@ -84,9 +84,10 @@ def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
 
     times = {"forward": {f: timed((calls["forward"], conv.FORWARD[f]))
                          for f in FORMULATIONS["forward"]}}
-    forward = (calls["forward"], conv.FORWARD[choose(times, margin).get("forward", "conv")])
+    chosen = choose(times, margin).get("forward", "conv")
+    forward, alone = (calls["forward"], conv.FORWARD[chosen]), times["forward"][chosen]
     for name in ("dx", "dw"):
-        times[name] = {f: timed(forward, (calls[name], passes[name][f])) - timed(forward)
+        times[name] = {f: timed(forward, (calls[name], passes[name][f])) - alone
                        for f in FORMULATIONS[name]}
     return times
 
