@@ -148,8 +148,10 @@ def parser():
     p.add_argument("--paths", type=common.comma_list(str, "names"),
                    help="training paths, formulation/fusions (default: all; lenet: readable or "
                         "im2col, resnet18: canonical; fusions: ynn-default, ynn-dots, ynn-noconv)")
-    p.add_argument("--steps", type=common.at_least(1), help="steps per timed run (default: lenet 100, resnet18 3)")
-    p.add_argument("--repeats", type=common.at_least(1), default=3, help="timed runs; figures are their median")
+    p.add_argument("--steps", type=common.at_least(1),
+                   help="steps per timed run (default: lenet 100, resnet18 3)")
+    p.add_argument("--repeats", type=common.at_least(1), default=3,
+                   help="timed runs; figures are their median")
     p.add_argument("--batch-size", type=common.at_least(1), help="global batch size (default 256)")
     p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
     p.add_argument("--json", type=Path, help="write every measurement here")

@@ -96,7 +96,8 @@ def parser():
     p.add_argument("--backends", type=common.comma_list(str, "names"), default="pmap",
                    help=f"backends to compare, of {', '.join(backends.BACKENDS)}")
     p.add_argument("--steps", type=common.at_least(1), default=20, help="training steps")
-    p.add_argument("--batch-size", type=common.at_least(1), help="global batch (default: lenet 256, resnet18 16, "
+    p.add_argument("--batch-size", type=common.at_least(1),
+                   help="global batch (default: lenet 256, resnet18 16, "
                    "others 256)")
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1, "
                    "others 0.1)")

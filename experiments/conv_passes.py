@@ -198,7 +198,8 @@ def parser():
     p.add_argument("--model", default="lenet", help="a model name or module path")
     common.add_model_options(p, model)
     p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per device")
-    p.add_argument("--repeats", type=common.at_least(1), default=20, help="timed calls per formulation")
+    p.add_argument("--repeats", type=common.at_least(1), default=20,
+                   help="timed calls per formulation")
     p.add_argument("--margin", type=common.fraction, default=0.05,
                    help="a formulation replaces XLA's convolution only when this much faster")
     p.add_argument("--step-rounds", type=common.at_least(0), default=3,

@@ -68,7 +68,8 @@ def parser():
                    help="device counts, each dividing 8 (the exact mode's micro-batches)")
     p.add_argument("--batch-size", type=common.at_least(1), default=256, help="global batch size")
     p.add_argument("--steps", type=common.at_least(1), default=20, help="timed steps per timing")
-    p.add_argument("--rounds", type=common.at_least(1), default=3, help="normal/exact alternations per device count")
+    p.add_argument("--rounds", type=common.at_least(1), default=3,
+                   help="normal/exact alternations per device count")
     p.add_argument("--json", type=Path, help="write the timings here")
     return p
 

@@ -91,7 +91,8 @@ def parser():
     p = common.cli_parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=["lenet", "resnet18"])
     p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per step")
-    p.add_argument("--repeats", type=common.at_least(1), default=5, help="timed runs of each; figures are medians")
+    p.add_argument("--repeats", type=common.at_least(1), default=5,
+                   help="timed runs of each; figures are medians")
     p.add_argument("--peer", choices=["torch"], help="also profile PyTorch's step")
     p.add_argument("--pairs", type=common.at_least(0), default=0,
                    help="then time jax_dp's step and PyTorch's in turns, this many of each")

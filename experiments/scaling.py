@@ -295,10 +295,14 @@ def parser():
                    help="simulated device counts in one process to measure and predict")
     p.add_argument("--processes", type=int, default=2,
                    help="also measure this many processes x 1 device, each on its own core (0: skip)")
-    p.add_argument("--batch-size", type=common.at_least(2), help="global batch size (default: lenet 256, resnet18 64)")
-    p.add_argument("--steps", type=common.at_least(1), help="steps per timed run (default: lenet 20, resnet18 2)")
-    p.add_argument("--repeats", type=common.at_least(1), default=3, help="timed runs; figures are their medians")
-    p.add_argument("--sizes", type=common.at_least(2), default=6, help="all-reduce message sizes, 4 KB to the gradients'")
+    p.add_argument("--batch-size", type=common.at_least(2),
+                   help="global batch size (default: lenet 256, resnet18 64)")
+    p.add_argument("--steps", type=common.at_least(1),
+                   help="steps per timed run (default: lenet 20, resnet18 2)")
+    p.add_argument("--repeats", type=common.at_least(1), default=3,
+                   help="timed runs; figures are their medians")
+    p.add_argument("--sizes", type=common.at_least(2), default=6,
+                   help="all-reduce message sizes, 4 KB to the gradients'")
     p.add_argument("--profiles", type=Path, default=HERE / "hardware.json",
                    help="hardware profiles (JSON) to draw speedup curves for")
     p.add_argument("--json", type=Path, help="write every measurement and prediction here")

@@ -77,10 +77,13 @@ def _forward_conv(x, w, strides, pads):
 
 
 def _shifted(x, kernel, strides, pads):
-    """The padded input's kh·kw shifted, strided slices, one per tap (a, b), each (N, Ho, Wo, C)."""
-    x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
+    """The padded input's kh·kw shifted, strided slices, one per tap (a, b), each
+    (N, Ho, Wo, C)."""
+    x = lax.pad(x, jnp.zeros((), x.dtype),
+                [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)])
     ho, wo = ((n - k) // s + 1 for n, k, s in zip(x.shape[1:3], kernel, strides))
-    return [x[:, a:a + (ho - 1) * strides[0] + 1:strides[0], b:b + (wo - 1) * strides[1] + 1:strides[1]]
+    return [x[:, a:a + (ho - 1) * strides[0] + 1:strides[0],
+              b:b + (wo - 1) * strides[1] + 1:strides[1]]
             for a, b in itertools.product(*map(range, kernel))]
 
 
@@ -119,7 +122,8 @@ def _conv_bwd(strides, pads, grads, residuals, g):
     with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
         dx = DX[pass_formulation("dx", x.shape, w.shape, strides, pads)](g, w, sizes, strides, pads)
     with jax.named_scope("conv_dw"):
-        dw = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)](x, g, kernel, strides, pads)
+        dw_of = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)]
+        dw = dw_of(x, g, kernel, strides, pads)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
