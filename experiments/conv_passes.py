@@ -2,49 +2,50 @@
 
 Run: `python -m experiments.conv_passes --model lenet --write` traces the model's training step
 to find its convolution layers (at --batch-size per device), times each formulation of each pass
-of each layer on one device (jax_dp.conv_passes.FORMULATIONS; the forward pass alone, dX and dW
+of each layer on one device (jax_dp.xla_cpu.passes.FORMULATIONS; the forward pass alone, dX and dW
 beside the forward formulation chosen, as in a step), and prints the times. A formulation is
 chosen where it beats XLA's convolution by --margin; then the whole training step is timed with
 and without the model's choices (--step-rounds, alternating), and they are kept only if the step
-gains by --margin too. --write puts them in jax_dp/conv_passes.py for this platform (and removes
-the model's layers that keep XLA's convolution). Run it again on another CPU, or on a GPU, to
-make that machine's table.
+gains by --margin too. --write puts them in the table, jax_dp/xla_cpu/passes.json (or --table),
+for this platform (and removes the model's layers that keep XLA's convolution). Run it again on
+another CPU, or on a GPU, to make that machine's table.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from experiments import common
-
-TABLE_FILE = Path(__file__).resolve().parent.parent / "jax_dp" / "conv_passes.py"
 
 
 def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
     """(x shape, w shape, strides, pads) of each distinct convolution of the model's step."""
     import jax
     import optax
+    from jax import lax
 
-    from jax_dp import conv, models, step as step_lib
+    from jax_dp import models, step as step_lib
+    from jax_dp.xla_cpu import passes
 
-    seen, original = {}, conv._conv
+    seen, tracing = {}, [False]
 
-    def recording(x, w, strides, pads, grads):
-        seen.setdefault(conv.layer_key(x.shape, w.shape, strides, pads), (x.shape, w.shape, strides, pads))
-        return original(x, w, strides, pads, grads)
+    def recording(x, w, strides, padding, *args, **kwargs):
+        if tracing[0]:  # Only the step's convolutions (a model's init traces its own).
+            pads = tuple(lax.padtype_to_pads(x.shape[1:3], w.shape[:2], strides, padding)
+                         if isinstance(padding, str) else map(tuple, padding))
+            shapes = (x.shape, w.shape, tuple(strides), pads)
+            seen.setdefault(passes.layer_key(*shapes), shapes)
+        return lax.conv_general_dilated(x, w, strides, padding, *args, **kwargs)
 
-    model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
+    model = models.get_model(model_name, convolution=recording, **options)
+    tx = optax.sgd(0.1)
     state = jax.eval_shape(lambda: step_lib.init_state(model, tx, jax.random.key(0)))
     batch = {"image": jax.ShapeDtypeStruct((batch_size, 28, 28, 1), "float32"),
              "label": jax.ShapeDtypeStruct((batch_size,), "int32"),
              "mask": jax.ShapeDtypeStruct((batch_size,), "float32")}
-    conv._conv = recording  # Only the step's convolutions (a model's init traces its own).
-    try:
-        jax.eval_shape(lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None),
-                       state, jax.eval_shape(step_lib.zero_metrics), batch)
-    finally:
-        conv._conv = original
+    tracing[0] = True
+    jax.eval_shape(lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None),
+                   state, jax.eval_shape(step_lib.zero_metrics), batch)
     return list(seen.values())
 
 
@@ -56,9 +57,9 @@ def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
     import numpy as np
     from jax import lax
 
-    from jax_dp import conv
-    from jax_dp.conv_passes import FORMULATIONS
     from jax_dp.measure.benchmark import median_s
+    from jax_dp.xla_cpu import conv
+    from jax_dp.xla_cpu.passes import FORMULATIONS
 
     x_shape, w_shape, strides, pads = layer
     rng = np.random.default_rng(0)
@@ -111,28 +112,26 @@ def with_entries(table: dict, platform: str, entries: dict) -> dict:
 
 
 def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, entries: dict,
-                rounds: int, steps: int = 10) -> list[float]:
-    """Per round, the model's training step (one device, real batches) with entries in the
-    table over the step with XLA's convolution for those layers, the two timed in turn."""
-    from jax_dp import conv_passes, data, devices, models
+                rounds: int, table: dict, steps: int = 10) -> list[float]:
+    """Per round, the model's training step (one device, real batches) with entries in table
+    over the step with XLA's convolution for those layers, the two timed in turn."""
+    from jax_dp import data, devices, models
     from jax_dp.measure.benchmark import time_steps
+    from jax_dp.xla_cpu.conv import convolution
 
     split = data.load_fashion_mnist("train", limit=steps * batch_size)
     batches = list(data.batches(split, batch_size))
-    tables = [with_entries(conv_passes.TABLE, platform, {k: {} for k in entries}),
-              with_entries(conv_passes.TABLE, platform, entries)]
-    original, ratios = conv_passes.TABLE, []
-    try:
-        for _ in range(rounds):
-            seconds = []
-            for table in tables:
-                conv_passes.TABLE = table  # Read when the step is traced, anew for each model.
-                model = models.get_model(model_name, **options)
-                seconds.append(time_steps(model, "pmap", devices.get_devices(1), batches,
-                                          repeats=1)["step_s"][0])
-            ratios.append(seconds[1] / seconds[0])
-    finally:
-        conv_passes.TABLE = original
+    tables = [with_entries(table, platform, {k: {} for k in entries}),
+              with_entries(table, platform, entries)]
+    ratios = []
+    for _ in range(rounds):
+        seconds = []
+        for passes in tables:
+            model = models.get_model(model_name, platform, **options, convolution=convolution(
+                options["conv_grads"], platform, passes))
+            seconds.append(time_steps(model, "pmap", devices.get_devices(1), batches,
+                                      repeats=1)["step_s"][0])
+        ratios.append(seconds[1] / seconds[0])
     return ratios
 
 
@@ -143,15 +142,11 @@ def step_gains(ratios: list[float], margin: float) -> bool:
     return bool(np.median(ratios) < 1 - margin)
 
 
-def write_table(platform: str, entries: dict) -> None:
-    """Replace these layers' entries for platform in jax_dp/conv_passes.py's TABLE."""
-    from jax_dp import conv_passes
+def write_table(path: Path, platform: str, entries: dict) -> None:
+    """Replace these layers' entries for platform in the table at path."""
+    from jax_dp.xla_cpu import passes
 
-    table = with_entries(conv_passes.TABLE, platform, entries)
-    text = TABLE_FILE.read_text()
-    head = text[:text.index("TABLE: ")]
-    TABLE_FILE.write_text(head + "TABLE: dict[str, dict[str, dict[str, str]]] = "
-                          + json.dumps(table, indent=4, sort_keys=True) + "\n")
+    passes.write(with_entries(passes.table(path), platform, entries), path)
 
 
 def main(args) -> None:
@@ -162,7 +157,7 @@ def main(args) -> None:
     common.use_xla_options(args.model)
     import jax
 
-    from jax_dp import conv
+    from jax_dp.xla_cpu import passes
 
     platform = jax.default_backend()
     print(f"{args.model} on {platform}, {args.batch_size} images per device, median of "
@@ -170,7 +165,7 @@ def main(args) -> None:
           "|---|---|---|---:|---|")
     entries = {}
     for layer in layers(args.model, options, args.batch_size):
-        key = conv.layer_key(*layer)
+        key = passes.layer_key(*layer)
         times = time_passes(layer, args.repeats, args.margin)
         chosen = choose(times, args.margin)
         for name, by in times.items():
@@ -180,7 +175,7 @@ def main(args) -> None:
         entries[key] = chosen
     if args.step_rounds and any(entries.values()):
         ratios = step_ratios(args.model, options, args.batch_size, platform, entries,
-                             args.step_rounds)
+                             args.step_rounds, passes.table(args.table))
         print(f"\nthe whole step with these choices / with XLA's convolution, {args.step_rounds} "
               f"round(s): {', '.join(f'{r:.3f}' for r in ratios)}")
         if not step_gains(ratios, args.margin):
@@ -188,8 +183,8 @@ def main(args) -> None:
                   "convolution")
             entries = {key: {} for key in entries}
     if args.write:
-        write_table(platform, entries)
-        print(f"\nwrote {TABLE_FILE} for {platform}")
+        write_table(args.table, platform, entries)
+        print(f"\nwrote {args.table} for {platform}")
 
 
 def parser():
@@ -205,7 +200,11 @@ def parser():
     p.add_argument("--step-rounds", type=common.at_least(0), default=3,
                    help="rounds timing the whole training step with and without the choices; "
                         "they are kept only if the step gains by --margin (0: no check)")
-    p.add_argument("--write", action="store_true", help="write the choices into jax_dp/conv_passes.py")
+    p.add_argument("--write", action="store_true", help="write the choices into --table")
+    from jax_dp.xla_cpu import passes
+
+    p.add_argument("--table", type=Path, default=passes.PATH,
+                   help="the pass table to read and write (default: jax_dp/xla_cpu/passes.json)")
     return p
 
 

@@ -53,7 +53,7 @@ def lenet_calls(sizes: dict, train_data, test_data) -> list[dict]:
 
 def resnet18_book(sizes: dict, device) -> list[dict]:
     """ResNet-18's step at the book's 1-device configuration (batch 256, lr 0.1), with each way
-    of writing the convolution gradients (jax_dp.conv.GRADS: canonical, measured faster on
+    of writing the convolution gradients (jax_dp.xla_cpu.GRADS: canonical, measured faster on
     XLA:CPU, and XLA's own, the default elsewhere)."""
     import numpy as np
 
@@ -154,7 +154,7 @@ def table(result: dict) -> str:
     lines += [f"| {r['conv_grads']} | {r['batch_size']} | {r['step_s'] * 1e3:.1f} | "
               f"{r['images_per_s']:.0f} | {r['compile_s']:.1f} |" for r in result["resnet18_book"]]
     fastest = min(result["resnet18_book"], key=lambda r: r["step_s"])
-    lines += [f"faster: {fastest['conv_grads']} (jax_dp.conv.CANONICAL_ON lists the platforms "
+    lines += [f"faster: {fastest['conv_grads']} (jax_dp.xla_cpu.CANONICAL_ON lists the platforms "
               "where canonical is the default)", "",
               "| backend | devices | max rel diff against one device |", "|---|---:|---:|"]
     lines += [f"| {r['backend']} | {r['devices']} | {r['max_rel_diff']:.1e} |" for r in result["agreement"]]

@@ -10,7 +10,7 @@ from jax.flatten_util import ravel_pytree
 
 from jax_dp.backends import check_allreduce
 from jax_dp.errors import ParamError
-from jax_dp.parallel import AXIS, allreduce
+from jax_dp.parallel import AXIS, allreduce, allreduce_flat
 
 
 def star_allreduce(tree: Any, axis_name: str = AXIS) -> Any:
@@ -55,6 +55,16 @@ def get_allreduce(name: str, backend: str) -> Callable:
     """The all-reduce called name (backends.check_allreduce: the hand-made ones need pmap)."""
     check_allreduce(name, backend)
     return ALLREDUCES[name]
+
+
+def for_step(name: str) -> Callable:
+    """A train step's all-reduce of (gradients, metrics) by the scheme called name: for psum,
+    both as one flat buffer (parallel.allreduce_flat); by hand, the gradients so and the
+    metrics by psum."""
+    if name == "psum":
+        return allreduce_flat
+    return lambda tree, axis_name: (ALLREDUCES[name](tree[0], axis_name),
+                                    allreduce(tree[1], axis_name))
 
 
 def bytes_sent(scheme: str, size: int, k: int, itemsize: int = 4) -> list[int]:

@@ -9,10 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import Backend
-from jax_dp.config import MICRO_BATCHES, check_exact
-from jax_dp.errors import ParamError
 from jax_dp.models.model import Model
 from jax_dp.parallel import allreduce, allreduce_flat, reduced
 
@@ -72,18 +69,17 @@ def add_metrics(metrics, new):
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
                tx: optax.GradientTransformation, axis_name: str | None,
-               grad_allreduce: Callable = allreduce,
+               grad_allreduce: Callable = allreduce_flat,
                compute_dtype: str = "float32") -> tuple[TrainState, dict]:
     """One SGD step on this device's shard of a global batch.
 
     The book's convention: each device sums the cross-entropy over its real (mask 1)
-    examples, `allreduce` sums the gradients over the devices, and the sum is divided
-    by the number of real examples in the *global* batch, so every replica applies the
-    same update as one device would on the whole batch (grad_allreduce may be one of
-    jax_dp.allreduce's hand-made ones). With axis_name None the same function is the
-    single-device step. Once a step's loss or gradients are not finite,
-    this and later steps of the epoch leave the state as it was (metrics say where).
-    compute_dtype: what the model computes in (compute_view); the loss is float32.
+    examples, `grad_allreduce` sums the gradients (and the metrics) over the devices, and
+    the sum is divided by the number of real examples in the *global* batch, so every
+    replica applies the same update as one device would on the whole batch. With
+    axis_name None the same function is the single-device step. Once a step's loss or
+    gradients are not finite, this and later steps of the epoch leave the state as it was
+    (metrics say where). compute_dtype: what the model computes in (compute_view).
     """
     x, y, mask = batch["image"], batch["label"], batch["mask"]
 
@@ -93,13 +89,10 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return jnp.sum(losses * mask), (logits, model_state)
 
-    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        reduced(state.params, axis_name, x))
-    new = batch_metrics(logits, y, mask, loss_sum)
-    if grad_allreduce is allreduce:  # One collective for the gradients and metrics together.
-        grads, new = allreduce_flat((grads, new), axis_name)
-    else:
-        grads, new = grad_allreduce(grads, axis_name), allreduce(new, axis_name)
+    params = reduced(state.params, axis_name, x)  # shard_map's typing (parallel.reduced).
+    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    # The all-reduce: lax.psum of this device's gradients and metrics over the devices.
+    grads, new = grad_allreduce((grads, batch_metrics(logits, y, mask, loss_sum)), axis_name)
     return apply_gradients(state, metrics, grads, new, model_state, tx)
 
 
@@ -141,33 +134,16 @@ class Steps(NamedTuple):
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
-               grad_allreduce: str = "psum", exact: bool = False,
-               compute_dtype: str = "float32") -> Steps:
+               grad_allreduce: Callable = allreduce_flat, compute_dtype: str = "float32") -> Steps:
     """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
 
-    grad_allreduce: how the step sums gradients: 'psum', or by hand ('star', 'ring').
-    exact: the same bits on any device count (jax_dp.exact; psum only).
-    compute_dtype: what the model computes in, 'float32' or 'bfloat16' (compute_view).
+    grad_allreduce: how the step sums gradients and metrics (allreduce_flat: one lax.psum;
+    jax_dp.allreduce has the hand-made ones). compute_dtype: what the model computes in,
+    'float32' or 'bfloat16' (compute_view).
     """
-    if exact:
-        from jax_dp import exact as exact_lib  # It builds on this module's update.
-
-        check_exact(backend.name, grad_allreduce, len(backend.devices), compute_dtype)
-        if not model.micro and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
-            raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
-                             "layer on micro-batches (Model.micro; resnet18 does with bn sync)")
-        train_fn = functools.partial(exact_lib.train_step, model=model, tx=tx,
-                                     axis_name=backend.axis_name, compute_dtype=compute_dtype)
-        eval_fn = functools.partial(exact_lib.eval_step, model=model, axis_name=backend.axis_name,
-                                    compute_dtype=compute_dtype)
-        compile = functools.partial(backend.compile, typed=False)  # Its sums are untyped ppermutes.
-        pad_to = MICRO_BATCHES
-    else:
-        train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                     grad_allreduce=get_allreduce(grad_allreduce, backend.name),
-                                     compute_dtype=compute_dtype)
-        eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name,
-                                    compute_dtype=compute_dtype)
-        compile, pad_to = backend.compile, len(backend.devices)
-    return Steps(backend, train_fn, compile(train_fn, donate_argnums=(0,)), compile(eval_fn),
-                 pad_to)
+    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
+                                 grad_allreduce=grad_allreduce, compute_dtype=compute_dtype)
+    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name,
+                                compute_dtype=compute_dtype)
+    return Steps(backend, train_fn, backend.compile(train_fn, donate_argnums=(0,)),
+                 backend.compile(eval_fn), len(backend.devices))

@@ -13,11 +13,13 @@ import tqdm
 
 from jax_dp import data as data_lib
 from jax_dp import dispatch, modes
+from jax_dp import allreduce
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import TrainConfig, check_step_timeout
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
+from jax_dp.exact import steps as exact_steps
 from jax_dp.models import auto_choices, get_model, model_options
 from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
 
@@ -96,6 +98,15 @@ def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
                                 jax.random.fold_in(jax.random.split(key)[1], epoch))
 
 
+def build_steps(config: TrainConfig, model, tx: optax.GradientTransformation) -> Steps:
+    """The steps config asks for, on its backend and devices: the book's, or the exact mode's."""
+    backend = make_backend(config.backend, get_devices(config.devices))
+    if config.exact:
+        return exact_steps.make_steps(model, tx, backend, config.compute_dtype)
+    return make_steps(model, tx, backend, allreduce.for_step(config.allreduce),
+                      config.compute_dtype)
+
+
 def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split, *,
           checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
           step_timeout: float | None = None, progress: bool = False, steps_per_call: int = 1,
@@ -134,13 +145,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                step_timeout)
     config = dataclasses.replace(config, options=model_options(config.model, config.options,
                                                                config.backend))
-    chosen = auto_choices(config.model, config.options, jax.default_backend())
-    log(f"config: {config}" + (f" (auto on {jax.default_backend()}: "
+    platform = jax.default_backend()
+    chosen = auto_choices(config.options, platform)
+    log(f"config: {config}" + (f" (auto on {platform}: "
                                + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
-    model, tx, key = get_model(config.model, **config.options), optimizer(config), \
+    model, tx, key = get_model(config.model, platform, **config.options), optimizer(config), \
         jax.random.key(config.seed)
-    steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)),
-                       config.allreduce, exact=config.exact, compute_dtype=config.compute_dtype)
+    steps = build_steps(config, model, tx)
     backend = steps.backend
     mode = modes.make_mode(steps, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)

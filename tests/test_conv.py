@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_dp import conv as conv_lib, conv_passes
-from jax_dp.conv import CANONICAL, DW, DX, FORWARD, _dw_from_g, _dw_from_x, conv
+from jax_dp.xla_cpu import passes
+from jax_dp.xla_cpu.conv import CANONICAL, DW, DX, FORWARD, _dw_from_g, _dw_from_x, conv, convolution
 
 CASES = [  # (batch, size, channels in, channels out, kernel, stride, padding)
     (2, 9, 3, 4, 1, 1, "VALID"), (3, 8, 2, 5, 3, 1, "SAME"), (2, 11, 3, 4, 3, 2, "SAME"),
@@ -78,7 +78,7 @@ def assert_float64_equal(got, want):
                          ids=["conv_from_x", "conv_from_g", "taps"])
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
-    """dW's convolution takes one of two forms per shape, and conv_passes.TABLE may pick the
+    """dW's convolution takes one of two forms per shape, and the pass table may pick the
     matrix product instead; each must hold for every shape."""
     with jax.enable_x64(True):
         x, w, strides, pads, _, g, pullback = float64_case(case, case[4] * case[5])
@@ -88,7 +88,7 @@ def test_each_weight_gradient_form_equals_lax_conv_in_float64(case, dw_from):
 @pytest.mark.parametrize("formulation", sorted(DX))
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_input_gradient_form_equals_lax_conv_in_float64(case, formulation):
-    """conv_passes.TABLE picks a form of dX per layer; each must hold for every shape."""
+    """The pass table picks a form of dX per layer; each must hold for every shape."""
     with jax.enable_x64(True):
         x, w, strides, pads, _, g, pullback = float64_case(case, case[4] * case[5] + 1)
         assert_float64_equal(DX[formulation](g, w, x.shape[1:3], strides, pads), pullback(g)[0])
@@ -97,35 +97,71 @@ def test_each_input_gradient_form_equals_lax_conv_in_float64(case, formulation):
 @pytest.mark.parametrize("formulation", sorted(FORWARD))
 @pytest.mark.parametrize("case", CASES + MORE_CASES, ids=str)
 def test_each_forward_form_equals_lax_conv_in_float64(case, formulation):
-    """conv_passes.TABLE picks a form of the forward pass per layer; each must hold everywhere."""
+    """The pass table picks a form of the forward pass per layer; each must hold everywhere."""
     with jax.enable_x64(True):
         x, w, strides, pads, y, _, _ = float64_case(case, case[4] * case[5] + 2)
         assert_float64_equal(FORWARD[formulation](x, w, strides, pads), y)
 
 
-def test_the_table_chooses_a_layers_formulation_on_its_platform_only(monkeypatch):
-    """Catches a table entry that is ignored, applied to another layer, or on another platform."""
-    x_shape, w_shape, strides, pads = (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), ((0, 0), (0, 0))
-    key = conv_lib.layer_key(x_shape, w_shape, strides, pads)
-    assert key == "13x13x20 5x5x20x50 s1x1 p0,0x0,0"
-    monkeypatch.setattr(conv_passes, "TABLE", {"cpu": {key: {"dx": "taps"}}})
-    assert conv_lib.pass_formulation("dx", x_shape, w_shape, strides, pads) == "taps"
-    assert conv_lib.pass_formulation("dx", (8, 13, 13, 20), w_shape, (2, 2), pads) == "conv"
-    monkeypatch.setattr(conv_passes, "TABLE", {"gpu": {key: {"dx": "taps"}}})
-    assert conv_lib.pass_formulation("dx", x_shape, w_shape, strides, pads) == "conv"
+LAYER_A = (8, 13, 13, 20), (5, 5, 20, 50), (1, 1), ((0, 0), (0, 0))
+LAYER_B = (8, 28, 28, 1), (3, 3, 1, 20), (1, 1), ((0, 0), (0, 0))
+
+
+def dx_convolutions(convolve, layer) -> int:
+    """Convolutions in the traced dX of convolve on a layer of these shapes (0: a matrix product)."""
+    x_shape, w_shape, strides, pads = layer
+    x, w = jnp.ones(x_shape), jnp.ones(w_shape)
+    loss = lambda x: jnp.sum(convolve(x, w, strides, pads, dimension_numbers=CANONICAL))  # noqa: E731
+    return jax.jit(jax.grad(loss)).lower(x).as_text().count("stablehlo.convolution")
+
+
+def test_the_table_is_read_for_the_platform_and_the_layer_asked():
+    """Catches a table entry that is ignored, applied to another layer, or on another platform:
+    two platforms, each with an entry for one of two layers."""
+    key_a, key_b = passes.layer_key(*LAYER_A), passes.layer_key(*LAYER_B)
+    assert key_a == "13x13x20 5x5x20x50 s1x1 p0,0x0,0"
+    table = {"cpu": {key_a: {"dx": "taps"}}, "gpu": {key_b: {"dx": "taps"}}}
+    found = {(platform, key): passes.formulation(table, platform, "dx", key)
+             for platform in ("cpu", "gpu", "tpu") for key in (key_a, key_b)}
+    assert found == {("cpu", key_a): "taps", ("cpu", key_b): "conv", ("gpu", key_a): "conv",
+                     ("gpu", key_b): "taps", ("tpu", key_a): "conv", ("tpu", key_b): "conv"}
+    assert passes.formulation(table, "cpu", "dw", key_a) == "conv"
+    # The same choices in the convolution a model is built with, traced.
+    traced = {(platform, name): dx_convolutions(convolution("canonical", platform, table), layer)
+              for platform in ("cpu", "gpu") for name, layer in (("a", LAYER_A), ("b", LAYER_B))}
+    assert traced == {("cpu", "a"): 0, ("cpu", "b"): 1, ("gpu", "a"): 1, ("gpu", "b"): 0}
+
+
+def test_a_platform_with_no_table_and_xlas_gradients_gets_lax_conv_itself():
+    """Off CPU, 'auto' builds the model on XLA's own convolution, nothing of this package."""
+    assert convolution("auto", "gpu", {"cpu": {"a": {"dx": "taps"}}}) is lax.conv_general_dilated
+    assert convolution("auto", "cpu", {"cpu": {"a": {"dx": "taps"}}}) is not lax.conv_general_dilated
+
+
+def test_the_shipped_table_is_data_that_names_known_formulations():
+    """passes.json: platform -> layer key -> pass -> one of FORMULATIONS[pass]."""
+    table = passes.table()
+    assert table["cpu"]
+    for layers in table.values():
+        for key, chosen in layers.items():
+            assert re.fullmatch(r"\d+x\d+x\d+ \d+x\d+x\d+x\d+ s\d+x\d+ p[\d,x]+", key), key
+            assert chosen and all(f in passes.FORMULATIONS[name] for name, f in chosen.items())
 
 
 @pytest.mark.parametrize("name, argnum", [("dx", 0), ("dw", 1)])
-def test_the_chosen_formulation_is_the_one_traced(monkeypatch, name, argnum):
+def test_the_chosen_formulation_is_the_one_traced(name, argnum):
     """The step's dX or dW for a layer in the table is a matrix product, not a convolution."""
     x, w = jnp.ones((4, 13, 13, 20)), jnp.ones((5, 5, 20, 50))
-    monkeypatch.setattr(conv_passes, "TABLE", {})
-    convs = lambda: jax.jit(jax.grad(lambda x, w: jnp.sum(conv(x, w, grads="canonical")), argnum)).lower(
-        x, w).as_text().count("stablehlo.convolution")  # noqa: E731  (traced anew each call)
-    assert convs() == 1  # The one gradient (the loss needs no forward value).
-    key = conv_lib.layer_key(x.shape, w.shape, (1, 1), ((0, 0), (0, 0)))
-    monkeypatch.setattr(conv_passes, "TABLE", {jax.default_backend(): {key: {name: "taps"}}})
-    assert convs() == 0
+
+    def convs(table):
+        convolve = convolution("canonical", "cpu", table)
+        loss = lambda x, w: jnp.sum(convolve(x, w, (1, 1), "VALID",  # noqa: E731
+                                             dimension_numbers=CANONICAL))
+        return jax.jit(jax.grad(loss, argnum)).lower(x, w).as_text().count("stablehlo.convolution")
+
+    assert convs({}) == 1  # The one gradient (the loss needs no forward value).
+    key = passes.layer_key(x.shape, w.shape, (1, 1), ((0, 0), (0, 0)))
+    assert convs({"cpu": {key: {name: "taps"}}}) == 0
 
 
 def conv_layouts(fn, *args) -> list[str]:
@@ -187,7 +223,7 @@ def test_the_guard_fails_for_plain_lax_conv_in_a_scan():
 def test_gradients_are_canonical_on_cpu_and_xlas_own_elsewhere_unless_chosen():
     """Catches a CPU workaround applied on other platforms: 'auto' keeps XLA's own gradients
     off CPU; either can still be chosen, and both give the same values and gradients."""
-    from jax_dp.conv import resolve_grads
+    from jax_dp.xla_cpu import resolve_grads
 
     assert resolve_grads("auto", "cpu") == "canonical"
     assert resolve_grads("auto", "gpu") == resolve_grads("auto", "tpu") == "xla"

@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, micro, models, step as step_lib, train
+from jax_dp import data, models, step as step_lib, train
+from jax_dp.exact import micro, steps as exact_steps
 from jax_dp.backends import make_backend
 from jax_dp.config import MICRO_BATCHES, TrainConfig
 from jax_dp.devices import get_devices
@@ -38,7 +39,7 @@ def exact_run(backend, k, batches, model=LENET, lr=0.1):
     """SGD steps with momentum (an optimizer state to compare): the state, and each step's
     metrics (a running sum would round a last-bit difference of one step away)."""
     tx = optax.sgd(lr, momentum=0.9)
-    steps = step_lib.make_steps(model, tx, make_backend(backend, get_devices(k)), exact=True)
+    steps = exact_steps.make_steps(model, tx, make_backend(backend, get_devices(k)))
     b = steps.backend
     state, per_step = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), []
     for batch in batches:
@@ -143,8 +144,8 @@ def test_per_device_batch_statistics_are_refused():
     """bn local: each device's statistics are of its own shard, so they follow k."""
     with pytest.raises(ParamError, match="exact needs a model with batch statistics to run each "
                                          "layer on micro-batches"):
-        step_lib.make_steps(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
-                            make_backend("pmap", get_devices(2)), exact=True)
+        exact_steps.make_steps(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
+                               make_backend("pmap", get_devices(2)))
 
 
 def test_the_command_line_trains_1_and_2_devices_to_one_history(tmp_path):

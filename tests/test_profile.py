@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import conv as conv_lib, conv_passes, models
+from jax_dp import models
+from jax_dp.xla_cpu import passes as passes_lib
+from jax_dp.xla_cpu.conv import convolution
 from jax_dp.measure import benchmark, profile
 
 
@@ -19,12 +21,12 @@ def compiled_step_hlo(model, batch_size):
     return benchmark.single_step(model, batch_size)[0].as_text()
 
 
-def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes(monkeypatch):
+def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
     """Catches a convolution missed or mislabelled: LeNet has two forward convolutions, the
     second one's dX (the first's input needs none) and both dWs (with XLA's convolution for
     every pass: no table)."""
-    monkeypatch.setattr(conv_passes, "TABLE", {})
-    convs = profile.convolutions(compiled_step_hlo(models.get_model("lenet", conv="xla"), 6))
+    lenet = models.get_model("lenet", conv="xla", convolution=convolution("canonical", "cpu", {}))
+    convs = profile.convolutions(compiled_step_hlo(lenet, 6))
     found = sorted((c["kind"], c["lhs"], c["rhs"], c["out"]) for c in convs)
     assert found == sorted([
         ("conv forward", (6, 28, 28, 1), (3, 3, 1, 20), (6, 26, 26, 20)),
@@ -64,10 +66,11 @@ def test_the_profile_cli_groups_both_steps_the_same_way(tmp_path):
     layers = [((8, 28, 28, 1), (3, 3, 1, 20), ("forward", "dw")),
               ((8, 13, 13, 20), (5, 5, 20, 50), ("forward", "dx", "dw"))]
     kind = {"forward": "conv forward", "dx": "conv dX", "dw": "conv dW"}
+    table, key = passes_lib.table(), lambda x, w: passes_lib.layer_key(x, w, (1, 1), no_pads)
     passes = [kind[name] for x_shape, w_shape, names in layers for name in names
-              if conv_lib.pass_formulation(name, x_shape, w_shape, (1, 1), no_pads) == "conv"]
+              if passes_lib.formulation(table, "cpu", name, key(x_shape, w_shape)) == "conv"]
     kinds, n_convs = set(passes), len(passes)
-    assert len(ours["convs"]) == (n_convs if models.model_module("lenet").CPU_CONV == "xla" else 0)
+    assert len(ours["convs"]) == n_convs
     for kind in kinds:
         assert ours["by_kind"][kind] == pytest.approx(
             sum(c["ms"] for c in ours["convs"] if c["kind"] == kind)) and ours["by_kind"][kind] > 0

@@ -5,5 +5,5 @@ from functools import partial
 
 from jax_dp.models import resnet
 
-OPTIONS, CPU_FUSION, check, auto = resnet.OPTIONS, resnet.CPU_FUSION, resnet.check, resnet.auto
+OPTIONS, check = resnet.OPTIONS, resnet.check
 make = partial(resnet.make, stage_channels=(8, 16), blocks_per_stage=1)

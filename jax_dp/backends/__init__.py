@@ -47,10 +47,8 @@ class Backend:
     def unreplicate(self, tree: Any) -> Any:
         raise NotImplementedError
 
-    def compile(self, fn: Callable, donate_argnums: tuple[int, ...] = (),
-                typed: bool = True) -> Callable:
-        """fn compiled for these devices; typed False: shard_map does not type its collectives
-        (a step that sums by its own ppermutes, whose results it knows to be replicated)."""
+    def compile(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> Callable:
+        """fn compiled for these devices."""
         raise NotImplementedError
 
     def to_host(self, tree: Any) -> Any:

@@ -39,7 +39,7 @@ class Pmap(Backend):
     def from_host(self, tree):
         return jax.device_put(tree, parallel.device_sharding(self.local))
 
-    def compile(self, fn, donate_argnums=(), typed=True):
+    def compile(self, fn, donate_argnums=()):
         return jax.pmap(fn, axis_name=parallel.AXIS, devices=self.devices,
                         donate_argnums=donate_argnums)
 

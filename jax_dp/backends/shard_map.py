@@ -18,10 +18,11 @@ class ShardMap(MeshBackend):
     gradients are "unreduced" partial sums that the explicit psum completes once.
     """
     name, axis_name = "shard_map", AXIS
+    check_vma = True  # Type collectives' results (off for a step that knows its own).
 
-    def compile(self, fn, donate_argnums=(), typed=True):
+    def compile(self, fn, donate_argnums=()):
         def run(*args):  # Every argument replicated but the last, the batch.
             specs = (P(),) * (len(args) - 1) + (P(AXIS),)
             return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=P(),
-                                 check_vma=typed)(*args)
+                                 check_vma=self.check_vma)(*args)
         return jax.jit(run, donate_argnums=donate_argnums)

@@ -13,6 +13,7 @@ import optax
 
 from jax_dp import data, dispatch, modes, step as step_lib
 from jax_dp.allreduce import get_allreduce
+from jax_dp.exact import steps as exact_steps
 from jax_dp.backends import make_backend
 from jax_dp.models.model import Model
 
@@ -71,7 +72,8 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     exact: the exact mode's step (jax_dp.exact; batches padded to its micro-batches).
     """
     tx, state = sgd_state(model, lr)
-    steps = step_lib.make_steps(model, tx, make_backend(backend, devices), exact=exact)
+    make_steps = exact_steps.make_steps if exact else step_lib.make_steps
+    steps = make_steps(model, tx, make_backend(backend, devices))
     b = steps.backend
     state = b.replicate(state)
     placed = [b.shard(batch) for batch in batches]

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from jax_dp import step as step_lib
+from jax_dp.exact import steps as exact_steps
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 from jax_dp.models.model import Model
@@ -78,9 +79,8 @@ class _Runner:
 
     def __init__(self, model, tx, config, init, example_batch, dtype, exact):
         self.config = config
-        self.steps = step_lib.make_steps(model, tx, make_backend(config.backend,
-                                                              get_devices(config.devices)),
-                                         exact=exact)
+        make_steps = exact_steps.make_steps if exact else step_lib.make_steps
+        self.steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)))
         backend = self.steps.backend
         self.state = backend.replicate(init)
         start = time.perf_counter()

@@ -36,7 +36,7 @@ def _pairs(text: str, key: str, default) -> tuple:
 
 def convolutions(hlo_text: str) -> list[dict]:
     """Every canonical convolution of an optimized HLO module: its name, kind (forward, or
-    jax_dp.conv's conv_dx / conv_dw scopes), operand and output shapes, window."""
+    jax_dp.xla_cpu.conv's conv_dx / conv_dw scopes), operand and output shapes, window."""
     shapes = {m[1]: tuple(int(d) for d in m[2].split(",") if d)
               for m in map(_DEF.match, hlo_text.splitlines()) if m}
     convs = []

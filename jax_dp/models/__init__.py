@@ -8,9 +8,12 @@ Nothing here imports JAX or Flax until a model is asked for.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from types import ModuleType
+from typing import NamedTuple
 
+from jax_dp import xla_cpu
 from jax_dp.errors import ParamError, check_choice
 
 MODELS = {"lenet": "jax_dp.models.lenet", "resnet18": "jax_dp.models.resnet"}
@@ -31,30 +34,65 @@ def model_module(name: str) -> ModuleType:
     return module
 
 
+class Option(NamedTuple):
+    """An option a model module declares: the command lines make it a flag --name."""
+    name: str
+    default: str
+    choices: tuple[str, ...]
+    help: str
+
+
+# The option of every model whose make takes a `convolution`: which one the platform gives it
+# (jax_dp.xla_cpu: how its gradients are written, and whether the measured pass table is read).
+CONV_GRADS = Option("conv_grads", "auto", xla_cpu.GRADS,
+                    "convolution gradients as canonical forward convolutions (measured faster on "
+                    "XLA:CPU) or XLA's own; auto: canonical on CPU, XLA's own elsewhere")
+
+
+def declared(module: ModuleType) -> tuple[Option, ...]:
+    """The options of a model module: its OPTIONS, and CONV_GRADS where it convolves."""
+    convolves = "convolution" in inspect.signature(module.make).parameters
+    return tuple(module.OPTIONS) + ((CONV_GRADS,) if convolves else ())
+
+
 def model_options(name: str, options: dict | None = None, backend: str | None = None) -> dict:
     """Every option of the model called name, in its declared order: options over the defaults.
     An option it does not declare, a value it does not allow, or one its check(options,
     backend) refuses for this backend, is refused."""
     module = model_module(name)
-    declared = {option.name: option for option in module.OPTIONS}
+    declared_options = {option.name: option for option in declared(module)}
     for key, value in (options or {}).items():
-        check_choice(f"{name} option", key, tuple(declared))
-        check_choice(key, value, declared[key].choices)
-    options = {key: (options or {}).get(key, option.default) for key, option in declared.items()}
+        check_choice(f"{name} option", key, tuple(declared_options))
+        check_choice(key, value, declared_options[key].choices)
+    options = {key: (options or {}).get(key, option.default)
+               for key, option in declared_options.items()}
     if backend is not None and hasattr(module, "check"):
         module.check(options, backend)
     return options
 
 
-def auto_choices(name: str, options: dict, platform: str) -> dict:
-    """What the model's 'auto' options stand for on platform (its module's optional auto())."""
-    auto = getattr(model_module(name), "auto", None)
-    return auto(options, platform) if auto else {}
+def auto_choices(options: dict, platform: str) -> dict:
+    """What the 'auto' in options stands for on platform."""
+    if options.get("conv_grads") != "auto":
+        return {}
+    return {"conv_grads": xla_cpu.resolve_grads("auto", platform)}
 
 
-def get_model(name: str, **options):
-    """The Model called name, built with options (model_options fills in the defaults)."""
-    return model_module(name).make(**model_options(name, options))
+def get_model(name: str, platform: str | None = None, convolution=None, **options):
+    """The Model called name, built with options (model_options fills in the defaults) for
+    platform (default: JAX's default backend's): a model that convolves gets the platform's
+    convolution (jax_dp.xla_cpu), or convolution where given."""
+    options = model_options(name, options)
+    if "conv_grads" in options:
+        grads = options.pop("conv_grads")
+        if convolution is None:
+            import jax
+
+            from jax_dp.xla_cpu.conv import convolution as platforms
+
+            convolution = platforms(grads, platform or jax.default_backend())
+        options["convolution"] = convolution
+    return model_module(name).make(**options)
 
 
 def model_bytes(name: str, **options) -> int:
@@ -70,7 +108,8 @@ def param_bytes(name: str, **options) -> int:
 def _shapes(name, options):
     import jax
 
-    return jax.eval_shape(lambda: get_model(name, **options).init(jax.random.key(0)))
+    # Any platform's model has the same shapes; naming one keeps JAX's backend from starting.
+    return jax.eval_shape(lambda: get_model(name, "cpu", **options).init(jax.random.key(0)))
 
 
 def _bytes(shapes) -> int:

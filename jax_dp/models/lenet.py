@@ -6,9 +6,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from jax_dp.conv import conv, resolve_grads
-from jax_dp.models.model import ACTIVATION, ACTIVATIONS, CONV_GRADS, Model, Option
+from jax_dp.models.model import ACTIVATION, ACTIVATIONS, Model, Option
 
 Params = dict[str, dict[str, jax.Array]]
 
@@ -29,18 +29,17 @@ def init_lenet(key: jax.Array, scale: float = 0.01) -> Params:
             for k, (name, shape) in zip(keys, SHAPES)}
 
 
-def conv2d(x: jax.Array, layer: dict, grads: str = "auto") -> jax.Array:
-    """A valid, stride-1 convolution of NHWC images with HWIO weights, plus bias (XLA's conv;
-    grads: how its gradients are written, jax_dp.conv)."""
-    return conv(x, layer["w"], grads=grads) + layer["b"]
+def conv2d(x: jax.Array, layer: dict, convolution=lax.conv_general_dilated) -> jax.Array:
+    """A valid, stride-1 convolution of NHWC images with HWIO weights, plus bias."""
+    y = convolution(x, layer["w"], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y + layer["b"]
 
 
 def conv2d_im2col(x: jax.Array, layer: dict) -> jax.Array:
     """The same convolution as one matrix product over stacked shifted windows (im2col).
 
     Each output pixel's kh x kw x C input window becomes one row; the weights become a
-    (kh kw C) x O matrix, so its gradients are plain matrix products too (against
-    conv2d on XLA:CPU: docs/speed.md).
+    (kh kw C) x O matrix, so its gradients are plain matrix products too.
     """
     kh, kw, c, o = layer["w"].shape
     h, w = x.shape[1] - kh + 1, x.shape[2] - kw + 1
@@ -64,38 +63,22 @@ def lenet(params: Params, X: jax.Array, convolve=conv2d, act=jax.nn.relu) -> jax
     return h @ params["fc2"]["w"] + params["fc2"]["b"]
 
 
-CONVS = {"xla": conv2d, "im2col": conv2d_im2col}
-# On XLA:CPU, measured fastest (experiments.benchmark, docs/speed.md): the convolution, and
-# the YNNPACK fusion set (xla_options.FUSIONS) the experiments set for this model.
-CPU_CONV, CPU_FUSION = "xla", "ynn-dots"
-
 OPTIONS = (
-    Option("conv", "auto", ("auto", *CONVS),
-           "convolution: lax.conv ('xla', the readable one), or one matrix product per layer "
-           "('im2col'); auto: the fastest measured on CPU, xla elsewhere"),
+    Option("conv", "auto", ("auto", "xla", "im2col"),
+           "convolution: lax.conv ('xla', the readable one, and auto's choice), or one matrix "
+           "product per layer ('im2col')"),
     ACTIVATION,
-    CONV_GRADS,
 )
 
 
-def auto(options: dict, platform: str) -> dict:
-    """What each 'auto' option of options stands for on platform."""
-    chosen = {"conv": CPU_CONV if platform == "cpu" else "xla",
-              "conv_grads": resolve_grads("auto", platform)}
-    return {name: value for name, value in chosen.items() if options.get(name) == "auto"}
-
-
-def make(conv: str = "auto", activation: str = "relu", conv_grads: str = "auto") -> Model:
-    """LeNet as a Model (OPTIONS; 'auto' values as auto() says for the platform)."""
+def make(conv: str = "auto", activation: str = "relu",
+         convolution=lax.conv_general_dilated) -> Model:
+    """LeNet as a Model (OPTIONS); convolution: what conv2d convolves with."""
+    convolve = conv2d_im2col if conv == "im2col" else functools.partial(
+        conv2d, convolution=convolution)
     act = ACTIVATIONS[activation]
 
     def apply(params, state, x, mask, *, train, axis_name):
-        # 'auto' is resolved when the step is traced: a model is made before JAX's backend starts.
-        chosen = {"conv": conv, "conv_grads": conv_grads,
-                  **auto({"conv": conv, "conv_grads": conv_grads}, jax.default_backend())}
-        convolve = CONVS[chosen["conv"]]
-        if convolve is conv2d:
-            convolve = functools.partial(conv2d, grads=chosen["conv_grads"])
         return lenet(params, x, convolve, act), state
 
     return Model(init=lambda key: (init_lenet(key), {}), apply=apply)

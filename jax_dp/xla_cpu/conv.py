@@ -1,52 +1,53 @@
-"""One 2-D convolution for every model, kept in XLA:CPU's fast canonical form backward too."""
+"""A drop-in for lax.conv_general_dilated that keeps XLA:CPU's convolutions fast: each pass in
+the formulation the measured table gives (jax_dp.xla_cpu.passes), gradients in canonical form."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_dp import conv_passes
 from jax_dp.parallel import same_varying
+from jax_dp.xla_cpu import passes as passes_lib, resolve_grads
 
 CANONICAL = ("NHWC", "HWIO", "NHWC")
-# How the gradients are written: as canonical forward convolutions (below), or XLA's own.
-GRADS = ("auto", "canonical", "xla")
-# Where canonical gradients were measured faster: XLA:CPU only (docs/speed.md). Elsewhere
-# 'auto' keeps XLA's own until a measurement there says otherwise (experiments.gpu_check).
-CANONICAL_ON = ("cpu",)
 
 
-def layer_key(x_shape, w_shape, strides, pads) -> str:
-    """A convolution layer's key in conv_passes.TABLE: input, kernel, strides and padding, not
-    the batch ('13x13x20 5x5x20x50 s1x1 p0,0x0,0')."""
-    return (f"{'x'.join(map(str, x_shape[1:]))} {'x'.join(map(str, w_shape))} "
-            f"s{'x'.join(map(str, strides))} p{'x'.join(f'{lo},{hi}' for lo, hi in pads)}")
+def convolution(grads: str = "auto", platform: str = "cpu", passes=None) -> Callable:
+    """The conv_general_dilated a model convolves with on platform: XLA's own where nothing
+    was measured faster there, else conv with grads resolved and passes (the table, by
+    default passes.json) read for platform."""
+    grads = resolve_grads(grads, platform)
+    passes = passes_lib.table() if passes is None else passes
+    if grads == "xla" and not passes.get(platform):
+        return lax.conv_general_dilated
+    return functools.partial(conv_general_dilated, grads=grads,
+                             choose=functools.partial(passes_lib.formulation, passes, platform))
 
 
-def pass_formulation(name: str, x_shape, w_shape, strides, pads) -> str:
-    """The formulation conv_passes.TABLE gives this pass of this layer on the default
-    backend's platform ('conv', XLA's convolution, where it gives none)."""
-    key = layer_key(x_shape, w_shape, strides, pads)
-    if not any(name in table.get(key, {}) for table in conv_passes.TABLE.values()):
-        return "conv"  # Without asking for the platform, which would start JAX's backend.
-    return conv_passes.TABLE.get(jax.default_backend(), {}).get(key, {}).get(name, "conv")
-
-
-def resolve_grads(grads: str, platform: str) -> str:
-    """'canonical' or 'xla': grads itself, or for 'auto' the choice made for platform."""
-    return grads if grads != "auto" else "canonical" if platform in CANONICAL_ON else "xla"
+def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None, rhs_dilation=None,
+                         dimension_numbers=None, feature_group_count=1, precision=None, *,
+                         grads="canonical", choose=lambda name, key: "conv"):
+    """lax.conv_general_dilated for what models ask of it (canonical layout, no dilation, one
+    group), through conv."""
+    if (lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+            != lax.conv_dimension_numbers(lhs.shape, rhs.shape, CANONICAL)
+            or any(d not in (None, 1) and set(d) != {1} for d in (lhs_dilation, rhs_dilation))
+            or feature_group_count != 1 or precision is not None):
+        raise ValueError("jax_dp.xla_cpu.conv supports NHWC/HWIO convolutions without dilation "
+                         "or groups; pass conv_grads xla for others")
+    return conv(lhs, rhs, window_strides, padding, grads, choose)
 
 
 def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
-         padding: str | Sequence[tuple[int, int]] = "VALID", grads: str = "auto") -> jax.Array:
+         padding: str | Sequence[tuple[int, int]] = "VALID", grads: str = "canonical",
+         choose: Callable[[str, str], str] = lambda name, key: "conv") -> jax.Array:
     """NHWC images x HWIO kernel -> NHWC, as lax.conv_general_dilated, with the same values
-    and gradients; only how the gradients are written differs (grads: GRADS, 'auto'
-    resolved for the platform when traced).
+    and gradients; only how the passes are written differs (grads: 'canonical' or 'xla').
 
     XLA:CPU runs a convolution on its fast kernels only in canonical form (NHWC input,
     HWIO kernel, NHWC output). JAX's own gradient convolutions are not canonical: XLA
@@ -56,14 +57,19 @@ def conv(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
       dx = g (dilated by the stride, padded k-1-p) conv the flipped kernel, in/out swapped;
       dw = x and g convolved over H and W, summing N, which needs one of them wholly
         transposed (N last): g, unless x is the smaller (_dw_from_g, _dw_from_x).
-    Where conv_passes.TABLE names a layer, a pass may instead be a matrix product (FORWARD,
-    DX, DW): the same values to rounding, measured faster on that platform.
+    choose(pass, layer key) names each pass's formulation (FORWARD, DX, DW; 'conv' is XLA's
+    convolution): where the table names a layer, a pass may be a matrix product instead, the
+    same values to rounding, measured faster on that platform.
     """
     strides = tuple(strides)
     x, w = same_varying(x, w)
     pads = tuple(lax.padtype_to_pads(x.shape[1:3], w.shape[:2], strides, padding)
                  if isinstance(padding, str) else map(tuple, padding))
-    return _conv(x, w, strides, pads, grads)
+    key = passes_lib.layer_key(x.shape, w.shape, strides, pads)
+    return _conv(x, w, strides, pads, grads, tuple(choose(name, key) for name in PASSES))
+
+
+PASSES = ("forward", "dx", "dw")
 
 
 def _plain(x, w, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1)):
@@ -99,31 +105,28 @@ def _forward_taps(x, w, strides, pads):
     return _windows(x, (kh, kw), strides, pads) @ w.reshape(kh * kw * c, o)
 
 
-FORWARD = {"conv": _forward_conv, "taps": _forward_taps}  # conv_passes.FORMULATIONS["forward"]
+FORWARD = {"conv": _forward_conv, "taps": _forward_taps}  # passes.FORMULATIONS["forward"]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _conv(x, w, strides, pads, grads):
-    return FORWARD[pass_formulation("forward", x.shape, w.shape, strides, pads)](x, w, strides, pads)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _conv(x, w, strides, pads, grads, formulations):
+    return FORWARD[formulations[0]](x, w, strides, pads)
 
 
-def _conv_fwd(x, w, strides, pads, grads):
-    return _conv(x, w, strides, pads, grads), (x, w)
+def _conv_fwd(x, w, strides, pads, grads, formulations):
+    return _conv(x, w, strides, pads, grads, formulations), (x, w)
 
 
-def _conv_bwd(strides, pads, grads, residuals, g):
+def _conv_bwd(strides, pads, grads, formulations, residuals, g):
     x, w = residuals
-    # Resolved here, when a gradient is traced: the platform is known by then, while asking
-    # for it earlier (a model's init, traced for its shapes) would start JAX's backend.
-    if resolve_grads(grads, jax.default_backend()) == "xla":
+    if grads == "xla":
         return jax.vjp(lambda x, w: lax.conv_general_dilated(
             x, w, strides, pads, dimension_numbers=CANONICAL), x, w)[1](g)
     sizes, kernel = x.shape[1:3], w.shape[:2]
-    with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
-        dx = DX[pass_formulation("dx", x.shape, w.shape, strides, pads)](g, w, sizes, strides, pads)
+    with jax.named_scope("conv_dx"):  # Names a profile's ops (experiments.measure.profile).
+        dx = DX[formulations[1]](g, w, sizes, strides, pads)
     with jax.named_scope("conv_dw"):
-        dw_of = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)]
-        dw = dw_of(x, g, kernel, strides, pads)
+        dw = DW[formulations[2]](x, g, kernel, strides, pads)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
@@ -154,7 +157,7 @@ def _dx_taps(g, w, sizes, strides, pads):
     return dx
 
 
-DX = {"conv": _dx_conv, "taps": _dx_taps}  # conv_passes.FORMULATIONS["dx"]
+DX = {"conv": _dx_conv, "taps": _dx_taps}  # passes.FORMULATIONS["dx"]
 
 
 def _dw_conv(x, g, kernel, strides, pads):
@@ -176,7 +179,7 @@ def _dw_taps(x, g, kernel, strides, pads):
     return dw.reshape(*kernel, x.shape[3], g.shape[3])
 
 
-DW = {"conv": _dw_conv, "taps": _dw_taps}  # conv_passes.FORMULATIONS["dw"]
+DW = {"conv": _dw_conv, "taps": _dw_taps}  # passes.FORMULATIONS["dw"]
 
 
 def _dw_from_x(x, g, kernel, strides, pads):

@@ -1,4 +1,5 @@
-"""XLA:CPU options: the YNNPACK fusion sets, and XLA_FLAGS merged with a user's own."""
+"""XLA:CPU options: the YNNPACK fusion set each model trains with, and XLA_FLAGS merged with a
+user's own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ YNN_FUSION = "--xla_cpu_experimental_ynn_fusion_type"
 # The YNNPACK fusion sets tried: XLA's default, matrix products only, the default less convolutions.
 FUSIONS = {"ynn-default": "", "ynn-dots": f"{YNN_FUSION}=individual_dot",
            "ynn-noconv": f"{YNN_FUSION}=-individual_convolution"}
+# The set measured fastest for each model on XLA:CPU (docs/speed.md); others get XLA's default.
+MODEL_FUSIONS = {"lenet": "ynn-dots", "resnet18": "ynn-noconv"}
 # JAX's GPU plugins (jax[cuda12], jax[cuda13], jax[rocm]): installed, JAX picks the GPU first.
 GPU_PLUGINS = ("xla_cuda12", "xla_cuda13", "xla_rocm")
 
@@ -43,6 +46,6 @@ def merged(ours: str, user: str) -> str:
     return " ".join(filter(None, [without(ours, flag_names(user)), user.strip()]))
 
 
-def cpu_flags(fusion: str, user: str = "") -> str:
-    """XLA_FLAGS for a model whose CPU_FUSION is fusion (a FUSIONS name), user's flags winning."""
-    return merged(FUSIONS[fusion], user)
+def cpu_flags(model: str, user: str = "") -> str:
+    """XLA_FLAGS for model on XLA:CPU (its MODEL_FUSIONS set), user's flags winning."""
+    return merged(FUSIONS[MODEL_FUSIONS.get(model, "ynn-default")], user)
