@@ -41,7 +41,7 @@ def test_output_shape_and_resolution_schedule():
     x = jnp.zeros((3, 28, 28, 1))
     logits, _ = RESNET.apply(params, stats, x, jnp.ones(3), train=False, axis_name=None)
     assert logits.shape == (3, 10)
-    conv_out = jax.eval_shape(lambda: models.resnet.ResNet18().apply(
+    conv_out = jax.eval_shape(lambda: models.resnet.ResNet().apply(
         {"params": params, "batch_stats": stats}, x, jnp.ones(3), train=False,
         capture_intermediates=True, mutable=["intermediates"]))[1]["intermediates"]
     # Stride 1 stem, no max-pool: 28x28 until stage 2 halves it, then 7x7 and 4x4.

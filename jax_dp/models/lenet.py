@@ -63,8 +63,9 @@ def lenet(params: Params, X: jax.Array, convolve=conv2d, act=jax.nn.relu) -> jax
     return h @ params["fc2"]["w"] + params["fc2"]["b"]
 
 
+CONVS = {"xla": conv2d, "im2col": conv2d_im2col}
 OPTIONS = (
-    Option("conv", "auto", ("auto", "xla", "im2col"),
+    Option("conv", "auto", ("auto", *CONVS),
            "convolution: lax.conv ('xla', the readable one, and auto's choice), or one matrix "
            "product per layer ('im2col')"),
     ACTIVATION,
@@ -74,8 +75,9 @@ OPTIONS = (
 def make(conv: str = "auto", activation: str = "relu",
          convolution=lax.conv_general_dilated) -> Model:
     """LeNet as a Model (OPTIONS); convolution: what conv2d convolves with."""
-    convolve = conv2d_im2col if conv == "im2col" else functools.partial(
-        conv2d, convolution=convolution)
+    convolve = CONVS["xla" if conv == "auto" else conv]
+    if convolve is conv2d:
+        convolve = functools.partial(conv2d, convolution=convolution)
     act = ACTIVATIONS[activation]
 
     def apply(params, state, x, mask, *, train, axis_name):
