@@ -39,11 +39,11 @@ def worker(spec: dict) -> dict:
     split = data.load_fashion_mnist("train", limit=spec["steps"] * spec["batch_size"])
     batches = list(data.batches(split, spec["batch_size"]))
     if spec["kind"] == "torch":
-        from jax_dp.measure import torch_peer
+        from experiments.measure import torch_peer
 
         return torch_peer.time_steps(spec["model"], batches, spec["repeats"], threads=os.cpu_count())
     from jax_dp import devices, models
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     devices.simulate_cpu_devices(spec["devices"])
     model = models.get_model(spec["model"], **spec["options"])
@@ -75,7 +75,7 @@ def main(args) -> None:
     """Time every path and device count (and the peer), then print and save the table."""
     import numpy as np
 
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     common.check_writable(args.json)
     common.check_writable(args.plot, plot=True)
@@ -118,7 +118,7 @@ def main(args) -> None:
     print(table(result))
     common.write_json(args.json, result)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_benchmark(result, args.plot)
 

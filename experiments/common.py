@@ -261,7 +261,7 @@ def write_outputs(args, runs: list[dict]) -> None:
     payload = {"model": args.model, "runs": runs}
     write_json(args.json, payload)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_history(payload, args.plot)
 
@@ -305,7 +305,7 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
                else "permission denied")
         raise ValueError(f"cannot write {path} ({why}): pass a writable path")
     if plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.check_format(path)
 

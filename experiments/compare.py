@@ -22,7 +22,7 @@ def main(args) -> None:
     """Run the comparison and print its table."""
     from jax_dp import data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
-    from jax_dp.measure import parity
+    from experiments.measure import parity
 
     common.check_writable(args.json)
     common.check_writable(args.plot, plot=True)
@@ -56,7 +56,7 @@ def main(args) -> None:
     print(table(result))
     common.write_json(args.json, result)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_parity(result, args.plot)
 

@@ -58,7 +58,7 @@ def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
 
     from jax_dp import conv
     from jax_dp.conv_passes import FORMULATIONS
-    from jax_dp.measure.benchmark import median_s
+    from experiments.measure.benchmark import median_s
 
     x_shape, w_shape, strides, pads = layer
     rng = np.random.default_rng(0)
@@ -115,7 +115,7 @@ def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, 
     """Per round, the model's training step (one device, real batches) with entries in the
     table over the step with XLA's convolution for those layers, the two timed in turn."""
     from jax_dp import conv_passes, data, devices, models
-    from jax_dp.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_steps
 
     split = data.load_fashion_mnist("train", limit=steps * batch_size)
     batches = list(data.batches(split, batch_size))

@@ -58,7 +58,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
     import numpy as np
 
     from jax_dp import models
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     rng = np.random.default_rng(0)
     batches = [{"image": rng.random((sizes["resnet_batch"], 28, 28, 1), np.float32),
@@ -78,7 +78,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
 def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
     """LeNet's float32 params after some steps on every backend against one device (jax.jit)."""
     from jax_dp import data, models
-    from jax_dp.measure import parity
+    from experiments.measure import parity
 
     batches = list(data.batches(train_data, sizes["lenet_batch"]))[:sizes["compare_steps"]]
     counts = sorted({1, devices})
@@ -95,7 +95,7 @@ def exact_cost(sizes: dict, train_data, device) -> dict:
 
     from jax_dp import data, models
     from jax_dp.config import MICRO_BATCHES
-    from jax_dp.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_steps
 
     model = models.get_model("lenet")
     batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))

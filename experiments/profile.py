@@ -20,14 +20,14 @@ def main(args) -> None:
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     common.use_xla_options(args.model)
     from jax_dp import models
-    from jax_dp.measure import profile
+    from experiments.measure import profile
 
     options = {}
     ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None
     if args.peer == "torch":
-        from jax_dp.measure import torch_peer
+        from experiments.measure import torch_peer
 
         peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
     print(table(args.model, args.batch_size, ours, peer))
@@ -48,7 +48,7 @@ def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> 
     import numpy as np
 
     from jax_dp import models
-    from jax_dp.measure import benchmark, profile, torch_peer
+    from experiments.measure import benchmark, profile, torch_peer
 
     compiled, *arguments = benchmark.single_step(models.get_model(model, **options), batch_size)
     ours, theirs = profile.alternate(lambda: jax.block_until_ready(compiled(*arguments)),

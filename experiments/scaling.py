@@ -41,7 +41,7 @@ def worker(spec: dict) -> None:
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
     common.use_xla_options(spec["model"], show=False)
     from jax_dp import devices, distributed, models
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     devices.simulate_cpu_devices(spec.get("local", 1))
     if spec["kind"] == "processes":
@@ -61,7 +61,7 @@ def measure_devices(spec: dict, model, devs) -> dict:
     import numpy as np
 
     from jax_dp import data
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     allreduces = [{"scheme": s, "bytes": n, "seconds": benchmark.time_allreduce(s, n // 4, devs)}
                   for s in ALLREDUCES for n in spec["sizes"]] if len(devs) > 1 else []
@@ -101,7 +101,7 @@ def main(args) -> None:
     import numpy as np
 
     from jax_dp import devices, models
-    from jax_dp.measure import hardware
+    from experiments.measure import hardware
 
     profiles = hardware.load_profiles(args.profiles)
     common.check_writable(args.json)
@@ -128,7 +128,7 @@ def main(args) -> None:
     print(report(result))
     common.write_json(args.json, result)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_scaling(result, args.plot)
 
@@ -162,7 +162,7 @@ def measure(model: str, batch: int, steps: int, repeats: int, sizes: list[int],
 def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profiles: dict) -> dict:
     """Fit lines and links, predict every measured config, and draw every profile's curves."""
     from jax_dp import models
-    from jax_dp.measure import benchmark, scaling
+    from experiments.measure import benchmark, scaling
 
     lines = {c: scaling.fit_line([int(b) for b in t], list(t.values()))
              for c, t in measured["compute"].items()}
@@ -203,7 +203,7 @@ def analyse(model: str, batch: int, grad: int, measured: dict, cores: int, profi
 def curves(profiles: dict, shapes: dict) -> dict:
     """Each profile's predicted speedups up to 64 devices (both models at the book's batch of
     256, weak and strong scaling, with and without overlap) and its crossover batches."""
-    from jax_dp.measure import scaling
+    from experiments.measure import scaling
 
     out = {}
     for key, hw in profiles.items():

@@ -119,7 +119,7 @@ def _conv_bwd(strides, pads, grads, residuals, g):
         return jax.vjp(lambda x, w: lax.conv_general_dilated(
             x, w, strides, pads, dimension_numbers=CANONICAL), x, w)[1](g)
     sizes, kernel = x.shape[1:3], w.shape[:2]
-    with jax.named_scope("conv_dx"):  # Names a profile's ops (jax_dp.measure.profile).
+    with jax.named_scope("conv_dx"):  # Names a profile's ops (experiments.measure.profile).
         dx = DX[pass_formulation("dx", x.shape, w.shape, strides, pads)](g, w, sizes, strides, pads)
     with jax.named_scope("conv_dw"):
         dw_of = DW[pass_formulation("dw", x.shape, w.shape, strides, pads)]

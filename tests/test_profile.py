@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments.measure import benchmark, profile
 from jax_dp import conv as conv_lib, conv_passes, models
-from jax_dp.measure import benchmark, profile
 
 
 def compiled_step_hlo(model, batch_size):

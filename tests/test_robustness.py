@@ -15,8 +15,8 @@ import numpy as np
 import optax
 import pytest
 
+from experiments.measure import parity
 from jax_dp import checkpoint, data, dispatch, models, step as step_lib, train
-from jax_dp.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jax_dp.measure import hardware, scaling
+from experiments.measure import hardware, scaling
+from experiments.measure.scaling import Link
 from jax_dp.errors import ParamError
-from jax_dp.measure.scaling import Link
 
 HARDWARE = Path(__file__).parents[1] / "experiments" / "hardware.json"
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from experiments.measure import scaling
 from jax_dp import models
-from jax_dp.measure import scaling
 
 QUICK = ["--model", "lenet", "--devices", "1,2", "--processes", "2", "--batch-size", "64",
          "--steps", "2", "--repeats", "1", "--sizes", "2"]

@@ -115,7 +115,7 @@ def _save(plt, fig, path: Path) -> None:
 
 def plot_scaling(result: dict, path: Path) -> None:
     """This machine's measured parts and checks (top), each profile's predicted speedups (bottom)."""
-    from jax_dp.measure import scaling
+    from experiments.measure import scaling
 
     plt = _pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from jax_dp.measure import scaling
+from experiments.measure import scaling
+from experiments.measure.scaling import Link
 from jax_dp.errors import ParamError
-from jax_dp.measure.scaling import Link
 
 FIELDS = ("name", "tflops", "efficiency", "fixed_s", "devices_per_node", "intra", "inter")
 

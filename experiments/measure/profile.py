@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_dp.measure import benchmark
+from experiments.measure import benchmark
 from jax_dp.models.model import Model
 
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
