@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 from jax_dp.config import SIZES
 
 # How each model's convolutions can be written (its model options).
@@ -77,10 +77,10 @@ def main(args) -> None:
 
     from experiments.measure import benchmark
 
-    common.check_writable(args.json)
-    common.check_writable(args.plot, plot=True)
+    cli.check_writable(args.json)
+    cli.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
-    devices = args.devices or common.comma_list(int, "counts")(d["devices"])
+    devices = args.devices or cli.comma_list(int, "counts")(d["devices"])
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
     if min(devices) < 1:
         raise ValueError(f"--devices must be at least 1, got {min(devices)}")
@@ -116,7 +116,7 @@ def main(args) -> None:
             row["time_vs_peer"] = step_s / float(np.median(peer["step_s"]))
     result = {**base, "matmul_ceiling_gflops": ceiling, "flops_per_step": flops, "runs": rows}
     print(table(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
     if args.plot:
         from experiments.measure import plots
 
@@ -141,18 +141,18 @@ def table(result: dict) -> str:
 
 def parser():
     """This experiment's flags."""
-    p = common.cli_parser(__spec__.name, __doc__)
+    p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=sorted(FORMULATIONS))
-    p.add_argument("--devices", type=common.comma_list(int, "counts"),
+    p.add_argument("--devices", type=cli.comma_list(int, "counts"),
                    help="simulated device counts (default: lenet 1,2,4,8; resnet18 1,2)")
-    p.add_argument("--paths", type=common.comma_list(str, "names"),
+    p.add_argument("--paths", type=cli.comma_list(str, "names"),
                    help="training paths, formulation/fusions (default: all; lenet: readable or "
                         "im2col, resnet18: canonical; fusions: ynn-default, ynn-dots, ynn-noconv)")
-    p.add_argument("--steps", type=common.at_least(1),
+    p.add_argument("--steps", type=cli.at_least(1),
                    help="steps per timed run (default: lenet 100, resnet18 3)")
-    p.add_argument("--repeats", type=common.at_least(1), default=3,
+    p.add_argument("--repeats", type=cli.at_least(1), default=3,
                    help="timed runs; figures are their median")
-    p.add_argument("--batch-size", type=common.at_least(1), help="global batch size (default 256)")
+    p.add_argument("--batch-size", type=cli.at_least(1), help="global batch size (default 256)")
     p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--plot", type=Path, help="write a PNG of throughput against devices here")
@@ -163,4 +163,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         print(json.dumps(worker(json.loads(sys.argv[2]))))
         sys.exit(0)
-    common.run(main, parser)
+    process.run(main, parser)

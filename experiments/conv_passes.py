@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 TABLE_FILE = Path(__file__).resolve().parent.parent / "jax_dp" / "conv_passes.py"
 
@@ -158,8 +158,8 @@ def main(args) -> None:
     """Find the layers, time each pass, print, and write the table with --write."""
     from jax_dp import models
 
-    options = models.model_options(args.model, common.model_options(args))
-    common.use_xla_options(args.model)
+    options = models.model_options(args.model, cli.model_options(args))
+    cli.use_xla_options(args.model)
     import jax
 
     from jax_dp import conv
@@ -193,16 +193,16 @@ def main(args) -> None:
 
 
 def parser():
-    p = common.cli_parser("experiments.conv_passes", __doc__)
-    model = common.chosen_model("lenet")
+    p = cli.parser("experiments.conv_passes", __doc__)
+    model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model name or module path")
-    common.add_model_options(p, model)
-    p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per device")
-    p.add_argument("--repeats", type=common.at_least(1), default=20,
+    cli.add_model_options(p, model)
+    p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="images per device")
+    p.add_argument("--repeats", type=cli.at_least(1), default=20,
                    help="timed calls per formulation")
-    p.add_argument("--margin", type=common.fraction, default=0.05,
+    p.add_argument("--margin", type=cli.fraction, default=0.05,
                    help="a formulation replaces XLA's convolution only when this much faster")
-    p.add_argument("--step-rounds", type=common.at_least(0), default=3,
+    p.add_argument("--step-rounds", type=cli.at_least(0), default=3,
                    help="rounds timing the whole training step with and without the choices; "
                         "they are kept only if the step gains by --margin (0: no check)")
     p.add_argument("--write", action="store_true", help="write the choices into jax_dp/conv_passes.py")
@@ -210,4 +210,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

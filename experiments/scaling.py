@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 from jax_dp.backends import ALLREDUCES
 from jax_dp.config import SIZES
 
@@ -39,7 +39,7 @@ def worker(spec: dict) -> None:
     rank = int(os.environ.get("JAX_PROCESS_ID", 0))
     cpus = spec["cpus"][rank] if spec["kind"] == "processes" else spec["cpus"]
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
-    common.use_xla_options(spec["model"], show=False)
+    cli.use_xla_options(spec["model"], show=False)
     from jax_dp import devices, distributed, models
     from experiments.measure import benchmark
 
@@ -104,8 +104,8 @@ def main(args) -> None:
     from experiments.measure import hardware
 
     profiles = hardware.load_profiles(args.profiles)
-    common.check_writable(args.json)
-    common.check_writable(args.plot, plot=True)
+    cli.check_writable(args.json)
+    cli.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
     batch, steps, repeats = args.batch_size or d["batch_size"], args.steps or d["steps"], args.repeats
     for k in args.devices:
@@ -126,7 +126,7 @@ def main(args) -> None:
     result.update(command="python -m " + " ".join([__spec__.name] + sys.argv[1:]), steps=steps,
                   repeats=repeats, cpu=cpu_name(), cores=len(cpus))
     print(report(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
     if args.plot:
         from experiments.measure import plots
 
@@ -289,19 +289,19 @@ def cpu_name() -> str:
 
 def parser():
     """This experiment's flags."""
-    p = common.cli_parser(__spec__.name, __doc__)
+    p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=sorted(DEFAULTS))
-    p.add_argument("--devices", type=common.comma_list(int, "counts"), default="1,2,4",
+    p.add_argument("--devices", type=cli.comma_list(int, "counts"), default="1,2,4",
                    help="simulated device counts in one process to measure and predict")
     p.add_argument("--processes", type=int, default=2,
                    help="also measure this many processes x 1 device, each on its own core (0: skip)")
-    p.add_argument("--batch-size", type=common.at_least(2),
+    p.add_argument("--batch-size", type=cli.at_least(2),
                    help="global batch size (default: lenet 256, resnet18 64)")
-    p.add_argument("--steps", type=common.at_least(1),
+    p.add_argument("--steps", type=cli.at_least(1),
                    help="steps per timed run (default: lenet 20, resnet18 2)")
-    p.add_argument("--repeats", type=common.at_least(1), default=3,
+    p.add_argument("--repeats", type=cli.at_least(1), default=3,
                    help="timed runs; figures are their medians")
-    p.add_argument("--sizes", type=common.at_least(2), default=6,
+    p.add_argument("--sizes", type=cli.at_least(2), default=6,
                    help="all-reduce message sizes, 4 KB to the gradients'")
     p.add_argument("--profiles", type=Path, default=HERE / "hardware.json",
                    help="hardware profiles (JSON) to draw speedup curves for")
@@ -314,4 +314,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker(json.loads(sys.argv[2]))
         sys.exit(0)
-    common.run(main, parser)
+    process.run(main, parser)
