@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from experiments.measure import scaling
+from experiments.measure import scaling_model
 from jax_dp import models
 
 QUICK = ["--model", "lenet", "--devices", "1,2", "--processes", "2", "--batch-size", "64",
@@ -24,7 +24,7 @@ def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
     r = json.loads((tmp_path / "s.json").read_text())
     checks = {c["config"]: c for c in r["checks"]}
     assert set(checks) == {"1x1", "1x2", "2x1", "2x2"} and (tmp_path / "s.png").stat().st_size > 0
-    lines = {int(c): scaling.Line(**line) for c, line in r["lines"].items()}
+    lines = {int(c): scaling_model.Line(**line) for c, line in r["lines"].items()}
     assert set(lines) == {1, 2}
     # One device uses both cores; one process's 2 devices a core each; 2 processes have a core
     # each, on which their own devices take turns.
@@ -34,10 +34,10 @@ def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
     assert checks["2x2"]["compute_s"] == pytest.approx(2 * lines[1](16))
     # The step all-reduces LeNet's 8 gradients and 3 metric sums as one buffer: one collective.
     assert checks["2x1"]["arrays"] == checks["2x2"]["arrays"] == 1 and checks["1x1"]["arrays"] == 0
-    gloo = scaling.Link(**r["links"]["gloo"]["psum"])
+    gloo = scaling_model.Link(**r["links"]["gloo"]["psum"])
     for config in ("2x1", "2x2"):  # Charged between the 2 processes.
         assert checks[config]["allreduce_s"] == pytest.approx(
-            scaling.allreduce_s(gloo, "psum", models.param_bytes("lenet"), 2, 1))
+            scaling_model.allreduce_s(gloo, "psum", models.param_bytes("lenet"), 2, 1))
     for c in checks.values():
         assert c["predicted_s"] == pytest.approx(c["compute_s"] + c["allreduce_s"] + c["fixed_s"])
         assert c["measured_s"] > 0 and c["error"] == pytest.approx(c["predicted_s"] / c["measured_s"] - 1)
