@@ -1,6 +1,7 @@
 """experiments.conv_passes: the layers it finds, its table, and the file it writes."""
 
 import importlib.util
+import math
 import subprocess
 import sys
 
@@ -46,7 +47,7 @@ def test_the_command_times_every_formulation_of_every_layer_and_the_whole_step()
     if any(row.endswith("| taps | yes |") for row in rows):  # Some choice to check in the step.
         line = next(line for line in proc.stdout.splitlines() if line.startswith("the whole step"))
         ratios = [float(r) for r in line.split(": ")[1].split(", ")]
-        assert len(ratios) == 2 and all(0 < r < 10 for r in ratios)
+        assert len(ratios) == 2 and all(math.isfinite(r) and r > 0 for r in ratios)
         kept = "these layers keep XLA's convolution" not in proc.stdout
         assert kept == command.step_gains(ratios, 0.0)
 
