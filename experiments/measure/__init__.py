@@ -1,2 +1,2 @@
-"""Measurement and comparison: timings, profiles, parity against one device, a scaling model,
-the PyTorch peer, plots. Nothing here is needed to train."""
+"""Measurement and comparison for the experiments: timings, profiles, parity against one device,
+the scaling experiment's runs, model, report and hardware profiles, the PyTorch peer, plots."""
