@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 from jax_dp.config import SIZES
 
 # How each model's convolutions can be written (its model options).
@@ -26,7 +26,7 @@ DEFAULTS = {"lenet": {"devices": "1,2,4,8", "steps": 100, "batch_size": 256},
 
 def paths(model: str) -> dict[str, tuple[dict, str]]:
     """name -> (model options, XLA_FLAGS): every formulation under every YNNPACK fusion set."""
-    from jax_dp.xla_options import FUSIONS
+    from jax_dp.xla_cpu.flags import FUSIONS
 
     return {f"{form}/{fusion}": (options, flags) for form, options in FORMULATIONS[model].items()
             for fusion, flags in FUSIONS.items()}
@@ -39,11 +39,11 @@ def worker(spec: dict) -> dict:
     split = data.load_fashion_mnist("train", limit=spec["steps"] * spec["batch_size"])
     batches = list(data.batches(split, spec["batch_size"]))
     if spec["kind"] == "torch":
-        from jax_dp.measure import torch_peer
+        from experiments.measure import torch_peer
 
         return torch_peer.time_steps(spec["model"], batches, spec["repeats"], threads=os.cpu_count())
     from jax_dp import devices, models
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     devices.simulate_cpu_devices(spec["devices"])
     model = models.get_model(spec["model"], **spec["options"])
@@ -54,7 +54,7 @@ def worker(spec: dict) -> dict:
 
 def flags_for(fusions: str) -> str:
     """XLA_FLAGS for a path: the user's, with the path's YNNPACK fusion set in place of theirs."""
-    from jax_dp.xla_options import YNN_FUSION, flag_names, without
+    from jax_dp.xla_cpu.flags import YNN_FUSION, flag_names, without
 
     user = without(os.environ.get("XLA_FLAGS", ""), flag_names(YNN_FUSION))
     return " ".join(filter(None, [fusions, user]))
@@ -75,12 +75,12 @@ def main(args) -> None:
     """Time every path and device count (and the peer), then print and save the table."""
     import numpy as np
 
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
-    common.check_writable(args.json)
-    common.check_writable(args.plot, plot=True)
+    cli.check_writable(args.json)
+    cli.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
-    devices = args.devices or common.comma_list(int, "counts")(d["devices"])
+    devices = args.devices or cli.comma_list(int, "counts")(d["devices"])
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
     if min(devices) < 1:
         raise ValueError(f"--devices must be at least 1, got {min(devices)}")
@@ -116,9 +116,9 @@ def main(args) -> None:
             row["time_vs_peer"] = step_s / float(np.median(peer["step_s"]))
     result = {**base, "matmul_ceiling_gflops": ceiling, "flops_per_step": flops, "runs": rows}
     print(table(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_benchmark(result, args.plot)
 
@@ -141,18 +141,18 @@ def table(result: dict) -> str:
 
 def parser():
     """This experiment's flags."""
-    p = common.cli_parser(__spec__.name, __doc__)
+    p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=sorted(FORMULATIONS))
-    p.add_argument("--devices", type=common.comma_list(int, "counts"),
+    p.add_argument("--devices", type=cli.comma_list(int, "counts"),
                    help="simulated device counts (default: lenet 1,2,4,8; resnet18 1,2)")
-    p.add_argument("--paths", type=common.comma_list(str, "names"),
+    p.add_argument("--paths", type=cli.comma_list(str, "names"),
                    help="training paths, formulation/fusions (default: all; lenet: readable or "
                         "im2col, resnet18: canonical; fusions: ynn-default, ynn-dots, ynn-noconv)")
-    p.add_argument("--steps", type=common.at_least(1),
+    p.add_argument("--steps", type=cli.at_least(1),
                    help="steps per timed run (default: lenet 100, resnet18 3)")
-    p.add_argument("--repeats", type=common.at_least(1), default=3,
+    p.add_argument("--repeats", type=cli.at_least(1), default=3,
                    help="timed runs; figures are their median")
-    p.add_argument("--batch-size", type=common.at_least(1), help="global batch size (default 256)")
+    p.add_argument("--batch-size", type=cli.at_least(1), help="global batch size (default 256)")
     p.add_argument("--peer", choices=["torch"], help="also time PyTorch (pip install -e '.[bench]')")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--plot", type=Path, help="write a PNG of throughput against devices here")
@@ -163,4 +163,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         print(json.dumps(worker(json.loads(sys.argv[2]))))
         sys.exit(0)
-    common.run(main, parser)
+    process.run(main, parser)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 # The book's models' batch and lr here; any other model: GENERIC.
 DEFAULTS = {"lenet": {"batch_size": 256, "lr": 0.2}, "resnet18": {"batch_size": 16, "lr": 0.1}}
@@ -22,12 +22,12 @@ def main(args) -> None:
     """Run the comparison and print its table."""
     from jax_dp import data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
-    from jax_dp.measure import parity
+    from experiments.measure import parity
 
-    common.check_writable(args.json)
-    common.check_writable(args.plot, plot=True)
+    cli.check_writable(args.json)
+    cli.check_writable(args.plot, plot=True)
     defaults = DEFAULTS.get(args.model, GENERIC)
-    options = models.model_options(args.model, common.model_options(args))
+    options = models.model_options(args.model, cli.model_options(args))
     batch_size = args.batch_size or defaults["batch_size"]
     lr = args.lr or defaults["lr"]
     if args.exact:
@@ -54,9 +54,9 @@ def main(args) -> None:
     result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,
                   steps=args.steps, dtype=dtype, exact=args.exact)
     print(table(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_parity(result, args.plot)
 
@@ -87,16 +87,16 @@ def parser():
     """This experiment's flags."""
     from jax_dp import backends
 
-    p = common.cli_parser(__spec__.name, __doc__)
-    model = common.chosen_model("lenet")
+    p = cli.parser(__spec__.name, __doc__)
+    model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model named in jax_dp.models.MODELS, or a "
                    "module path; its options have flags of their own")
-    p.add_argument("--devices", type=common.comma_list(int, "counts"), default="1,2,4,8",
+    p.add_argument("--devices", type=cli.comma_list(int, "counts"), default="1,2,4,8",
                    help="device counts to compare against the single-device reference")
-    p.add_argument("--backends", type=common.comma_list(str, "names"), default="pmap",
+    p.add_argument("--backends", type=cli.comma_list(str, "names"), default="pmap",
                    help=f"backends to compare, of {', '.join(backends.BACKENDS)}")
-    p.add_argument("--steps", type=common.at_least(1), default=20, help="training steps")
-    p.add_argument("--batch-size", type=common.at_least(1),
+    p.add_argument("--steps", type=cli.at_least(1), default=20, help="training steps")
+    p.add_argument("--batch-size", type=cli.at_least(1),
                    help="global batch (default: lenet 256, resnet18 16, "
                    "others 256)")
     p.add_argument("--lr", type=float, help="SGD learning rate (default: lenet 0.2, resnet18 0.1, "
@@ -105,7 +105,7 @@ def parser():
                    "(jax_dp.exact): the differences are then zero")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
-    common.add_model_options(p, model)
+    cli.add_model_options(p, model)
     p.add_argument("--seed", type=int, default=0, help="seed of params and batches")
     p.add_argument("--json", type=Path, help="write the full result (per-step divergence) here")
     p.add_argument("--plot", type=Path, help="write a PNG of divergence and throughput here")
@@ -113,4 +113,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

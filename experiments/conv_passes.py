@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 
 def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
@@ -57,7 +57,7 @@ def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
     import numpy as np
     from jax import lax
 
-    from jax_dp.measure.benchmark import median_s
+    from experiments.measure.benchmark import median_s
     from jax_dp.xla_cpu import conv
     from jax_dp.xla_cpu.passes import FORMULATIONS
 
@@ -116,7 +116,7 @@ def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, 
     """Per round, the model's training step (one device, real batches) with entries in table
     over the step with XLA's convolution for those layers, the two timed in turn."""
     from jax_dp import data, devices, models
-    from jax_dp.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_steps
     from jax_dp.xla_cpu.conv import convolution
 
     split = data.load_fashion_mnist("train", limit=steps * batch_size)
@@ -153,8 +153,8 @@ def main(args) -> None:
     """Find the layers, time each pass, print, and write the table with --write."""
     from jax_dp import models
 
-    options = models.model_options(args.model, common.model_options(args))
-    common.use_xla_options(args.model)
+    options = models.model_options(args.model, cli.model_options(args))
+    cli.use_xla_options(args.model)
     import jax
 
     from jax_dp.xla_cpu import passes
@@ -188,16 +188,16 @@ def main(args) -> None:
 
 
 def parser():
-    p = common.cli_parser("experiments.conv_passes", __doc__)
-    model = common.chosen_model("lenet")
+    p = cli.parser("experiments.conv_passes", __doc__)
+    model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model name or module path")
-    common.add_model_options(p, model)
-    p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per device")
-    p.add_argument("--repeats", type=common.at_least(1), default=20,
+    cli.add_model_options(p, model)
+    p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="images per device")
+    p.add_argument("--repeats", type=cli.at_least(1), default=20,
                    help="timed calls per formulation")
-    p.add_argument("--margin", type=common.fraction, default=0.05,
+    p.add_argument("--margin", type=cli.fraction, default=0.05,
                    help="a formulation replaces XLA's convolution only when this much faster")
-    p.add_argument("--step-rounds", type=common.at_least(0), default=3,
+    p.add_argument("--step-rounds", type=cli.at_least(0), default=3,
                    help="rounds timing the whole training step with and without the choices; "
                         "they are kept only if the step gains by --margin (0: no check)")
     p.add_argument("--write", action="store_true", help="write the choices into --table")
@@ -209,4 +209,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

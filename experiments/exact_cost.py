@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 
 def main(args) -> None:
@@ -17,15 +17,15 @@ def main(args) -> None:
     from jax_dp import data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
 
-    common.check_writable(args.json)
-    options = models.model_options(args.model, common.model_options(args))
+    cli.check_writable(args.json)
+    options = models.model_options(args.model, cli.model_options(args))
     for k in args.devices:
         check_exact("pmap", "psum", k)
-    common.use_xla_options(args.model)
+    cli.use_xla_options(args.model)
     devices.setup_devices(args.devices)
     import numpy as np
 
-    from jax_dp.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_steps
 
     model = models.get_model(args.model, **options)
     split = data.load_fashion_mnist("train", limit=args.steps * args.batch_size)
@@ -42,7 +42,7 @@ def main(args) -> None:
     result = {"model": args.model, "options": options, "batch_size": args.batch_size,
               "steps": args.steps, "rounds": args.rounds, "rows": rows}
     print(table(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
 
 
 def table(result: dict) -> str:
@@ -60,19 +60,19 @@ def table(result: dict) -> str:
 
 
 def parser():
-    p = common.cli_parser("experiments.exact_cost", __doc__)
-    model = common.chosen_model("lenet")
+    p = cli.parser("experiments.exact_cost", __doc__)
+    model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model name or module path")
-    common.add_model_options(p, model)
-    p.add_argument("--devices", type=common.comma_list(int, "device counts"), default=[1, 2],
+    cli.add_model_options(p, model)
+    p.add_argument("--devices", type=cli.comma_list(int, "device counts"), default=[1, 2],
                    help="device counts, each dividing 8 (the exact mode's micro-batches)")
-    p.add_argument("--batch-size", type=common.at_least(1), default=256, help="global batch size")
-    p.add_argument("--steps", type=common.at_least(1), default=20, help="timed steps per timing")
-    p.add_argument("--rounds", type=common.at_least(1), default=3,
+    p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="global batch size")
+    p.add_argument("--steps", type=cli.at_least(1), default=20, help="timed steps per timing")
+    p.add_argument("--rounds", type=cli.at_least(1), default=3,
                    help="normal/exact alternations per device count")
     p.add_argument("--json", type=Path, help="write the timings here")
     return p
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

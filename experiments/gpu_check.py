@@ -14,7 +14,7 @@ import importlib.metadata
 import platform
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
         "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20, "exact_steps": 50}
@@ -58,7 +58,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
     import numpy as np
 
     from jax_dp import models
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
 
     rng = np.random.default_rng(0)
     batches = [{"image": rng.random((sizes["resnet_batch"], 28, 28, 1), np.float32),
@@ -78,7 +78,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
 def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
     """LeNet's float32 params after some steps on every backend against one device (jax.jit)."""
     from jax_dp import data, models
-    from jax_dp.measure import parity
+    from experiments.measure import parity
 
     batches = list(data.batches(train_data, sizes["lenet_batch"]))[:sizes["compare_steps"]]
     counts = sorted({1, devices})
@@ -95,7 +95,7 @@ def exact_cost(sizes: dict, train_data, device) -> dict:
 
     from jax_dp import data, models
     from jax_dp.config import MICRO_BATCHES
-    from jax_dp.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_steps
 
     model = models.get_model("lenet")
     batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))
@@ -117,7 +117,7 @@ def peak_memory(device) -> int | None:
 
 def main(args) -> None:
     """Run every part of the check, print its table, write its JSON."""
-    common.check_writable(args.json)
+    cli.check_writable(args.json)
     from jax_dp import data, devices as devices_lib
 
     sizes = QUICK if args.quick else FULL
@@ -138,7 +138,7 @@ def main(args) -> None:
     result["exact"] = exact_cost(sizes, train_data, device)
     result["peak_bytes"] = peak_memory(device)
     print(table(result))
-    common.write_json(args.json, result)
+    cli.write_json(args.json, result)
 
 
 def table(result: dict) -> str:
@@ -165,8 +165,8 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def parser() -> common.OneLineParser:
-    p = common.cli_parser(__spec__.name, __doc__)
+def parser() -> cli.OneLineParser:
+    p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, two simulated CPU devices: checks the check itself")
     p.add_argument("--json", type=Path, help="write every figure here")
@@ -174,4 +174,4 @@ def parser() -> common.OneLineParser:
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from experiments.common import at_least, cli_parser
+from experiments import cli
 
 
 def free_port() -> int:
@@ -58,8 +58,9 @@ def launch(command: list[str], processes: int, port: int | None = None, env: dic
 
 def main() -> None:
     """Parse `--processes N -- COMMAND...` and launch."""
-    p = cli_parser(__spec__.name, __doc__)
-    p.add_argument("--processes", type=at_least(1), default=2, help="how many processes to start")
+    p = cli.parser(__spec__.name, __doc__)
+    p.add_argument("--processes", type=cli.at_least(1), default=2,
+                   help="how many processes to start")
     p.add_argument("--port", type=int, help="coordinator port on 127.0.0.1 (default: a free one)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = p.parse_args()

@@ -4,14 +4,14 @@ Run: `python -m experiments.lenet` trains the book's pair (1 device, then 2; bat
 lr 0.2, 4 epochs), printing a line per epoch; both should reach test accuracy 0.75-0.78.
 """
 
-from experiments import common
+from experiments import cli, process
 
 
 def parser():
     """This experiment's flags and defaults."""
-    return common.training_parser(__spec__.name, __doc__, "lenet", devices="1,2",
-                                  batch_size="256", lr="0.2", epochs=4)
+    return cli.training_parser(__spec__.name, __doc__, "lenet", devices="1,2",
+                               batch_size="256", lr="0.2", epochs=4)
 
 
 if __name__ == "__main__":
-    common.run(common.train_runs, parser)
+    process.run(cli.train_runs, parser)

@@ -8,7 +8,7 @@ splits arange(24).reshape(6, 4) over two devices, and takes one train_batch step
 from __future__ import annotations
 
 
-from experiments import common
+from experiments import cli, process
 
 
 def show(x) -> str:
@@ -78,4 +78,4 @@ def main(args) -> None:
 
 
 if __name__ == "__main__":
-    common.run(main, lambda: common.cli_parser(__spec__.name, __doc__))
+    process.run(main, lambda: cli.parser(__spec__.name, __doc__))

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import common
+from experiments import cli, process
 
 
 def main(args) -> None:
     """Profile both, print the tables, write --json."""
-    common.check_writable(args.json)
+    cli.check_writable(args.json)
     if args.pairs and args.peer != "torch":
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
-    common.use_xla_options(args.model)
+    cli.use_xla_options(args.model)
     from jax_dp import models
-    from jax_dp.measure import profile
+    from experiments.measure import profile
 
     options = {}
     ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None
     if args.peer == "torch":
-        from jax_dp.measure import torch_peer
+        from experiments.measure import torch_peer
 
         peer = torch_peer.step_profile(args.model, args.batch_size, args.repeats)
     print(table(args.model, args.batch_size, ours, peer))
@@ -37,8 +37,8 @@ def main(args) -> None:
         print(f"\nthe two steps in turns, {args.pairs} pairs: jax_dp "
               f"{alternated['jax_s_median']:.3f} s, PyTorch {alternated['torch_s_median']:.3f} s, "
               f"ratio {alternated['ratio_median']:.2f}x (median of the pairs' ratios)")
-    common.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
-                                  "jax": ours, "torch": peer, "alternated": alternated})
+    cli.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
+                               "jax": ours, "torch": peer, "alternated": alternated})
 
 
 def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> dict:
@@ -48,7 +48,7 @@ def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> 
     import numpy as np
 
     from jax_dp import models
-    from jax_dp.measure import benchmark, profile, torch_peer
+    from experiments.measure import benchmark, profile, torch_peer
 
     compiled, *arguments = benchmark.single_step(models.get_model(model, **options), batch_size)
     ours, theirs = profile.alternate(lambda: jax.block_until_ready(compiled(*arguments)),
@@ -88,17 +88,17 @@ def table(model: str, batch_size: int, ours: dict, peer: dict | None) -> str:
 
 def parser():
     """This experiment's flags."""
-    p = common.cli_parser(__spec__.name, __doc__)
+    p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--model", default="lenet", choices=["lenet", "resnet18"])
-    p.add_argument("--batch-size", type=common.at_least(1), default=256, help="images per step")
-    p.add_argument("--repeats", type=common.at_least(1), default=5,
+    p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="images per step")
+    p.add_argument("--repeats", type=cli.at_least(1), default=5,
                    help="timed runs of each; figures are medians")
     p.add_argument("--peer", choices=["torch"], help="also profile PyTorch's step")
-    p.add_argument("--pairs", type=common.at_least(0), default=0,
+    p.add_argument("--pairs", type=cli.at_least(0), default=0,
                    help="then time jax_dp's step and PyTorch's in turns, this many of each")
     p.add_argument("--json", type=Path, help="write both profiles here")
     return p
 
 
 if __name__ == "__main__":
-    common.run(main, parser)
+    process.run(main, parser)

@@ -5,14 +5,14 @@ lr 0.1, then 2 devices with batch 512 and lr 0.2; 4 epochs). A full epoch takes 
 minutes on a 2-core CPU: try `--train-examples 10000 --epochs 2` first.
 """
 
-from experiments import common
+from experiments import cli, process
 
 
 def parser():
     """This experiment's flags and defaults."""
-    return common.training_parser(__spec__.name, __doc__, "resnet18", devices="1,2",
-                                  batch_size="256,512", lr="0.1,0.2", epochs=4)
+    return cli.training_parser(__spec__.name, __doc__, "resnet18", devices="1,2",
+                               batch_size="256,512", lr="0.1,0.2", epochs=4)
 
 
 if __name__ == "__main__":
-    common.run(common.train_runs, parser)
+    process.run(cli.train_runs, parser)

@@ -5,15 +5,15 @@ Run: `python -m experiments.train --model lenet --devices 1,2` trains like exper
 flag for each of its options (`--model NAME --help` lists them).
 """
 
-from experiments import common
+from experiments import cli, process
 
 
 def parser():
     """This experiment's flags: the common ones, and those of the model --model names."""
-    return common.training_parser(__spec__.name, __doc__, common.chosen_model("lenet"),
-                                  devices="1", batch_size="256", lr="0.1", epochs=4,
-                                  choose_model=True)
+    return cli.training_parser(__spec__.name, __doc__, cli.chosen_model("lenet"),
+                               devices="1", batch_size="256", lr="0.1", epochs=4,
+                               choose_model=True)
 
 
 if __name__ == "__main__":
-    common.run(common.train_runs, parser)
+    process.run(cli.train_runs, parser)

@@ -6,7 +6,6 @@ import os
 from typing import Any, Callable
 
 import jax
-from jax._src import xla_bridge
 
 from jax_dp.errors import ParamError
 
@@ -57,15 +56,15 @@ def simulate_cpu_devices(k: int, model_bytes: int = 0) -> None:
     check_simulated(k, model_bytes)
     if "JAX_NUM_CPU_DEVICES" in os.environ:  # The user's own choice wins.
         return
-    if xla_bridge.backends_are_initialized():
+    try:
+        # Only read when the CPU client is created: JAX refuses a new value after that.
+        jax.config.update("jax_num_cpu_devices", k)
+    except RuntimeError:  # JAX has started: its CPU devices are what they are.
         have = jax.local_device_count("cpu")
         if have < k:
             raise ValueError(
                 f"JAX already started with {have} CPU devices, {k} needed: set up devices "
-                "before the first JAX operation (or set JAX_NUM_CPU_DEVICES)")
-        return
-    # Only read when the CPU client is created, so this must precede any JAX operation.
-    jax.config.update("jax_num_cpu_devices", k)
+                "before the first JAX operation (or set JAX_NUM_CPU_DEVICES)") from None
 
 
 def get_devices(k: int) -> tuple[jax.Device, ...]:

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments.measure import parity
 from jax_dp import step as step_lib
-from jax_dp.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -62,7 +62,7 @@ def torch_sgd_step(params, batch, lr):
     mean cross-entropy, as torch autograd computes it; returns params in jax_dp's layout."""
     import torch
 
-    from jax_dp.measure import torch_peer
+    from experiments.measure import torch_peer
 
     net = torch_peer.lenet().double()
     conv1, conv2, fc1, fc2 = net[0], net[3], net[7], net[9]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_dp import allreduce, data, models, parallel, train
-from jax_dp.measure import parity
+from experiments.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices

@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
+from experiments.measure import benchmark
 from jax_dp import models
-from jax_dp.measure import benchmark
 from jax_dp.devices import get_devices
-from jax_dp.xla_options import FUSIONS
+from jax_dp.xla_cpu.flags import FUSIONS
 
 
 def test_step_flops_match_the_models_arithmetic():
@@ -93,7 +93,7 @@ def test_every_formulation_is_timed_under_every_fusion_set():
 def test_the_torch_peer_trains_the_same_models():
     import torch
 
-    from jax_dp.measure import torch_peer
+    from experiments.measure import torch_peer
 
     count = lambda net: sum(p.numel() for p in net.parameters())
     assert count(torch_peer.lenet()) == 129_068

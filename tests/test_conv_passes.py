@@ -64,7 +64,7 @@ def test_an_empty_entry_removes_its_layer_and_nothing_else():
 def test_step_ratios_time_the_step_with_the_entries_over_without(monkeypatch):
     """The second of each round's pair is timed with the entries in the table, the first
     without them; the table itself is left as it was."""
-    from jax_dp.measure import benchmark
+    from experiments.measure import benchmark
     from jax_dp.xla_cpu import conv
 
     seen, built, original = [], [], conv.convolution

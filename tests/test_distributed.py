@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from experiments.measure import parity
 from jax_dp import checkpoint
-from jax_dp.measure import parity
 
 FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", "--epochs", "2",
          "--batch-size", "64", "--no-progress"]

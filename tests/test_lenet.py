@@ -63,7 +63,7 @@ def test_im2col_convolution_equals_lax_conv():
 
 def test_the_fast_path_trains_to_the_readable_paths_params_after_20_steps():
     from jax_dp import models
-    from jax_dp.measure import parity
+    from experiments.measure import parity
 
     batches = random_batches(20, 64)
     finals = [run_steps(models.get_model("lenet", conv=conv), "pmap", 2, batches, lr=0.2)[1].params

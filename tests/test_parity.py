@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.measure import parity
 from jax_dp import data, models
 from jax_dp.models.lenet import init_lenet, lenet
-from jax_dp.measure import parity
 
 from helpers import random_batches
 

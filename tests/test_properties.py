@@ -12,9 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import torch_sgd_step
 
+from experiments.measure import parity
 from jax_dp import data, models, parallel, step as step_lib, train
 from jax_dp.models.lenet import lenet
-from jax_dp.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 

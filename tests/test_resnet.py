@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
+from experiments.measure import parity
 from jax_dp import data, models, step as step_lib, train
-from jax_dp.measure import parity
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 from jax_dp.models.resnet import BatchNorm

@@ -1,16 +1,21 @@
-"""experiments.scaling end to end: a quick run's model wiring, and its one-line errors."""
+"""experiments.scaling: the cost model wired to fixed measurements, a quick run's measuring and
+outputs (what it times, not how fast), and its one-line errors."""
 
 import json
+import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from experiments.measure import hardware, scaling_model, scaling_report
+from experiments.measure.scaling_model import Link
 from jax_dp import models
-from jax_dp.measure import scaling
 
 QUICK = ["--model", "lenet", "--devices", "1,2", "--processes", "2", "--batch-size", "64",
          "--steps", "2", "--repeats", "1", "--sizes", "2"]
+HARDWARE = Path(__file__).parents[1] / "experiments" / "hardware.json"
 
 
 def scaling_cli(*flags):
@@ -18,46 +23,152 @@ def scaling_cli(*flags):
                           capture_output=True, text=True, timeout=600)
 
 
-def test_a_quick_run_predicts_every_config_from_its_measured_parts(tmp_path):
-    proc = scaling_cli(*QUICK, "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png"))
+# Measured parts written by hand. Compute: 2 ms + 0.1 ms per image on 1 core, 1 ms + 0.05 ms on
+# 2. All-reduces of 4096 and 40,000 bytes over 2 devices (2 messages, all the bytes on the
+# busiest link): psum 10 us per message and 1 GB/s in one process, 100 us and 100 MB/s between
+# 2 processes (gloo); the ring in one process 20 us and 0.5 GB/s, for no prediction to use.
+MEASURED = {
+    "compute": {1: {"16": 3.6e-3, "32": 5.2e-3, "64": 8.4e-3},
+                2: {"16": 1.8e-3, "32": 2.6e-3, "64": 4.2e-3}},
+    "configs": {
+        "1x1": {"allreduce": [], "fixed_s": 0.5e-3, "step_s": 5e-3, "arrays": 0},
+        "1x2": {"allreduce": [{"scheme": "psum", "bytes": 4096, "seconds": 24.096e-6},
+                              {"scheme": "psum", "bytes": 40_000, "seconds": 60e-6},
+                              {"scheme": "ring", "bytes": 4096, "seconds": 48.192e-6},
+                              {"scheme": "ring", "bytes": 40_000, "seconds": 120e-6}],
+                "fixed_s": 0.6e-3, "step_s": 6e-3, "arrays": 3},
+        "2x1": {"allreduce": [{"scheme": "psum", "bytes": 4096, "seconds": 240.96e-6},
+                              {"scheme": "psum", "bytes": 40_000, "seconds": 600e-6}],
+                "fixed_s": 0.8e-3, "step_s": 5.5e-3, "arrays": 1},
+        "2x2": {"allreduce": [], "fixed_s": 0.9e-3, "step_s": 10e-3, "arrays": 1}}}
+# 0.5 TFLOP/s reached, 0.1 ms per step; 2 devices a node: 10 us and 1 GB/s within, 100 us and
+# 100 MB/s between. LeNet 2 ms per image on it, ResNet-18 20 ms; both 1 MB of gradients.
+TOY = hardware.Hardware("toy", 5e11, 1e-4, 2, Link(1e-5, 1e-9), Link(1e-4, 1e-8))
+SHAPES = {"lenet": {"flops_per_image": 1e9, "grad_bytes": 1_000_000},
+          "resnet18": {"flops_per_image": 1e10, "grad_bytes": 1_000_000}}
+
+
+def analysed():
+    """The model over the parts above: LeNet, global batch 64, 40 kB of gradients, 2 cores."""
+    return scaling_model.analyse("lenet", 64, 40_000, MEASURED, 2, {"toy": TOY}, SHAPES)
+
+
+def test_each_config_is_predicted_from_its_measured_parts():
+    """Catches a part charged twice or to the wrong config: by hand, 1 device gets both cores'
+    line at 64 images; 1 process's 2 devices a core each at 32; 2 processes a core each, on
+    which their own 2 devices take turns at 16. The all-reduce is psum's: in one process 3
+    arrays x 2 messages x 10 us + 40 kB at 1 GB/s; between 2 processes (whatever their devices)
+    2 x 100 us + 40 kB at 100 MB/s. Overlapped, it hides behind 2/3 of the compute."""
+    checks = {c["config"]: c for c in analysed()["checks"]}
+    # Devices, processes; compute, all-reduce, predicted, overlapped, measured (ms); error.
+    want = {"1x1": (1, 1, [4.2, 0.0, 4.7, 4.7, 5.0], -0.06),
+            "1x2": (2, 1, [5.2, 0.1, 5.9, 5.8, 6.0], 5.9 / 6 - 1),
+            "2x1": (2, 2, [5.2, 0.6, 6.6, 6.0, 5.5], 0.2),
+            "2x2": (4, 2, [7.2, 0.6, 8.7, 8.1, 10.0], -0.13)}
+    assert list(checks) == list(want)
+    for name, (devices, processes, ms, error) in want.items():
+        c, m = checks[name], MEASURED["configs"][name]
+        assert (c["devices"], c["processes"], c["arrays"], c["fixed_s"]) == \
+            (devices, processes, m["arrays"], m["fixed_s"])
+        assert [1e3 * c[k] for k in ("compute_s", "allreduce_s", "predicted_s",
+                                     "predicted_overlap_s", "measured_s")] == pytest.approx(ms)
+        assert c["error"] == pytest.approx(error), name
+
+
+def test_the_fitted_parts_are_the_hand_written_ones():
+    r = analysed()
+    assert {c: scaling_model.Line(**line) for c, line in r["lines"].items()} == {
+        "1": pytest.approx(scaling_model.Line(2e-3, 1e-4)),
+        "2": pytest.approx(scaling_model.Line(1e-3, 5e-5))}
+    links = {(t, s): Link(**link) for t, by in r["links"].items() for s, link in by.items()}
+    assert links == {("in-process", "psum"): pytest.approx(Link(10e-6, 1e-9)),
+                     ("in-process", "ring"): pytest.approx(Link(20e-6, 2e-9)),
+                     ("gloo", "psum"): pytest.approx(Link(100e-6, 1e-8))}
+
+
+def test_a_profiles_curves_and_crossovers_by_hand():
+    """LeNet on the toy at the book's 256 images: 512 ms of compute, 0.1 ms fixed; a ring of 2
+    in one node sends the whole 1 MB in 2 messages (1.02 ms), which overlap hides behind the
+    backward pass. Half of ideal weak scaling needs (1.02 - 0.1) / 2 = 0.46 images a device on
+    2; 8 and 64 devices cross nodes: 14 messages of 1/8 MB (18.9 ms), 9.4 images; 126 of 3907
+    floats (32.29 ms), 16.1 images."""
+    r = analysed()
+    lenet = r["profiles"]["toy"]["lenet"]
+    assert r["profiles"]["toy"]["name"] == "toy" and r["book"] is None
+    assert set(lenet) == {"weak", "strong", "weak_overlap", "strong_overlap", "min_batch"}
+    assert all(len(lenet[kind]) == 7 and lenet[kind][0] == pytest.approx(1.0)
+               for kind in ("weak", "strong", "weak_overlap", "strong_overlap"))
+    assert lenet["weak"][1] == pytest.approx(2 * 0.5121 / 0.51312)
+    assert lenet["strong"][1] == pytest.approx(0.5121 / 0.25712)
+    assert lenet["weak_overlap"][1] == pytest.approx(2.0)
+    assert lenet["strong_overlap"][1] == pytest.approx(0.5121 / 0.2561)
+    assert lenet["min_batch"] == pytest.approx(
+        {2: 0.46, 8: 9.4, 64: (126e-4 + 126 * 3907 * 4 * 1e-8 - 1e-4) / 2e-3})
+
+
+def test_the_report_shows_the_checks_fits_and_crossovers():
+    text = scaling_report.markdown({**analysed(), "cores": 2, "cpu": "a test CPU"})
+    for row in ["lenet, global batch 64, gradients 0.04 MB, 2 cores (a test CPU)",
+                "| 1 process(es) x 1 device(s) | 0.0042 | 0.0000 | 0.0005 | 0.0047 | 0.0047 "
+                "| 0.0050 | -6% |",
+                "| 1 process(es) x 2 device(s) | 0.0052 | 0.0001 | 0.0006 | 0.0059 | 0.0058 "
+                "| 0.0060 | -2% |",
+                "| 2 process(es) x 1 device(s) | 0.0052 | 0.0006 | 0.0008 | 0.0066 | 0.0060 "
+                "| 0.0055 | +20% |",
+                "| 2 process(es) x 2 device(s) | 0.0072 | 0.0006 | 0.0009 | 0.0087 | 0.0081 "
+                "| 0.0100 | -13% |",
+                "| in-process | psum | 10.0 | 1.00 |", "| in-process | ring | 20.0 | 0.50 |",
+                "| gloo | psum | 100.0 | 0.10 |",
+                "| 1 | fitted | 2.00 | 0.100 |", "| 2 | fitted | 1.00 | 0.050 |",
+                "| toy | lenet | 1 | 10 | 17 |", "| toy | resnet18 | 1 | 1 | 2 |"]:
+        assert f"\n{row}\n" in f"\n{text}\n", row
+    assert "book (V100 PCIe)" not in text  # No V100 PCIe profile to compare the book with.
+
+
+def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_path):
+    """What the run times and writes, not how fast: every part measured (and positive), the
+    right arrays and schemes, and the model, tables and figure made from those measurements."""
+    proc = scaling_cli(*QUICK, "--json", str(tmp_path / "s.json"),
+                       "--plot", str(tmp_path / "s.png"))
     assert proc.returncode == 0, proc.stderr
     r = json.loads((tmp_path / "s.json").read_text())
-    checks = {c["config"]: c for c in r["checks"]}
-    assert set(checks) == {"1x1", "1x2", "2x1", "2x2"} and (tmp_path / "s.png").stat().st_size > 0
-    lines = {int(c): scaling.Line(**line) for c, line in r["lines"].items()}
-    assert set(lines) == {1, 2}
-    # One device uses both cores; one process's 2 devices a core each; 2 processes have a core
-    # each, on which their own devices take turns.
-    assert checks["1x1"]["compute_s"] == pytest.approx(lines[2](64))
-    assert checks["1x2"]["compute_s"] == pytest.approx(lines[1](32))
-    assert checks["2x1"]["compute_s"] == pytest.approx(lines[1](32))
-    assert checks["2x2"]["compute_s"] == pytest.approx(2 * lines[1](16))
+    assert (tmp_path / "s.png").stat().st_size > 0
+    measured = r["measured"]
+    assert set(measured["compute"]) == {"1", str(r["cores"])}
+    assert all(set(times) == {"32", "64"} for times in measured["compute"].values())
+    configs = measured["configs"]
+    assert list(configs) == ["1x1", "1x2", "2x1", "2x2"]
     # The step all-reduces LeNet's 8 gradients and 3 metric sums as one buffer: one collective.
-    assert checks["2x1"]["arrays"] == checks["2x2"]["arrays"] == 1 and checks["1x1"]["arrays"] == 0
-    gloo = scaling.Link(**r["links"]["gloo"]["psum"])
-    for config in ("2x1", "2x2"):  # Charged between the 2 processes.
-        assert checks[config]["allreduce_s"] == pytest.approx(
-            scaling.allreduce_s(gloo, "psum", models.param_bytes("lenet"), 2, 1))
-    for c in checks.values():
-        assert c["predicted_s"] == pytest.approx(c["compute_s"] + c["allreduce_s"] + c["fixed_s"])
-        assert c["measured_s"] > 0 and c["error"] == pytest.approx(c["predicted_s"] / c["measured_s"] - 1)
-        # Two timed steps on a shared machine: only a mis-wired model (a part charged twice,
-        # a unit off by 1000) misses by 4x; the full runs of docs/scaling.md stay within 16%.
-        assert 0.25 < c["predicted_s"] / c["measured_s"] < 4, c
-    assert {a["scheme"] for a in r["measured"]["configs"]["2x1"]["allreduce"]} == {"psum", "ring", "star"}
-    curve = r["profiles"]["v100-pcie"]["resnet18"]["weak"]
-    assert len(curve) == 7 and curve[0] == pytest.approx(1.0) and curve[-1] > curve[1]
-    assert "| 2 process(es) x 1 device(s) |" in proc.stdout
-    assert "| 2 process(es) x 2 device(s) |" in proc.stdout
+    assert [configs[c]["arrays"] for c in configs] == [0, 1, 1, 1]
+    schemes = {c: sorted({(a["scheme"], a["bytes"]) for a in m["allreduce"]})
+               for c, m in configs.items()}
+    sizes = [4096, 4 * round(models.param_bytes("lenet") / 4)]
+    assert schemes["1x2"] == schemes["2x1"] == sorted((s, n) for s in ("psum", "ring", "star")
+                                                      for n in sizes)
+    assert schemes["1x1"] == schemes["2x2"] == []  # 1 device; 2x2 times its step alone.
+    seconds = [t for times in measured["compute"].values() for t in times.values()] + \
+        [m[k] for m in configs.values() for k in ("fixed_s", "step_s")] + \
+        [a["seconds"] for m in configs.values() for a in m["allreduce"]]
+    assert all(math.isfinite(t) and t > 0 for t in seconds)
+    assert r["shapes"]["lenet"]["grad_bytes"] == r["grad_bytes"] == models.param_bytes("lenet")
+    assert all(s["flops_per_image"] > 0 for s in r["shapes"].values())
+    # The model, tables and figure are those of exactly these measurements.
+    profiles = hardware.load_profiles(HARDWARE)
+    again = scaling_model.analyse("lenet", 64, r["grad_bytes"], measured, r["cores"], profiles,
+                                  r["shapes"])
+    assert json.loads(json.dumps(again)) == {k: r[k] for k in again}
+    assert scaling_report.markdown({**again, "cores": r["cores"], "cpu": r["cpu"]}) in proc.stdout
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--profiles", "/nonexistent/hw.json"], "--profiles file '/nonexistent/hw.json' does not exist"),
+    (["--profiles", "/nonexistent/hw.json"],
+     "--profiles file '/nonexistent/hw.json' does not exist"),
     (["--devices", "0"], "--devices must be at least 1, got 0"),
     (["--devices", "2,-1"], "--devices must be at least 1, got -1"),
     (["--processes", "1"], "--processes must be 0 (skip) or at least 2, got 1"),
     (["--batch-size", "63", "--devices", "2"], "--batch-size 63 must split evenly"),
-    (["--batch-size", "1", "--devices", "1"], "--batch-size: must be an integer of at least 2, got '1'"),
+    (["--batch-size", "1", "--devices", "1"],
+     "--batch-size: must be an integer of at least 2, got '1'"),
     (["--sizes", "1"], "--sizes: must be an integer of at least 2, got '1'"),
     (["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
 ])

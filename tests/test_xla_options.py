@@ -6,48 +6,50 @@ import sys
 
 import pytest
 
-from experiments import common
-from jax_dp import models, xla_options
-from jax_dp.xla_options import YNN_FUSION
+from experiments import cli
+from jax_dp import models
+from jax_dp.xla_cpu import flags as xla_options
+from jax_dp.xla_cpu.flags import YNN_FUSION
 
 
-CHOSEN = {name: models.model_module(name).CPU_FUSION for name in models.MODELS}
+CHOSEN = xla_options.MODEL_FUSIONS
 
 
-@pytest.mark.parametrize("model", sorted(CHOSEN))
+@pytest.mark.parametrize("model", sorted(models.MODELS))
 def test_the_chosen_flags_are_set_when_the_user_sets_none(model):
-    assert common.xla_flags(model, "") == xla_options.FUSIONS[CHOSEN[model]]
-    assert set(CHOSEN.values()) == {"ynn-dots", "ynn-noconv"}  # docs/speed.md's choice.
+    assert cli.xla_flags(model, "") == xla_options.FUSIONS[CHOSEN[model]]
+    assert CHOSEN == {"lenet": "ynn-dots", "resnet18": "ynn-noconv"}  # docs/speed.md's choice.
+    assert cli.xla_flags("tests.tiny_mlp", "") == xla_options.FUSIONS["ynn-default"]
 
 
 def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
     user = f"--xla_cpu_use_onednn=true {YNN_FUSION}=individual_convolution"
-    for fusion in xla_options.FUSIONS:
-        assert xla_options.cpu_flags(fusion, user).split() == user.split()
+    for model in ("lenet", "resnet18", "tests.tiny_mlp"):
+        assert xla_options.cpu_flags(model, user).split() == user.split()
 
 
 @pytest.mark.parametrize("user", [f"-{YNN_FUSION.lstrip('-')}=individual_convolution",
                                   f'--xla_dump_to="/tmp/a  b" {YNN_FUSION}=dot --xla_cpu_use_onednn'])
 def test_the_users_string_is_kept_as_written(user):
     """Catches a merge that re-splits the user's quoted values or misses a single-dash flag."""
-    for fusion in xla_options.FUSIONS:
-        assert xla_options.cpu_flags(fusion, user) == user
+    for model in ("lenet", "resnet18", "tests.tiny_mlp"):
+        assert xla_options.cpu_flags(model, user) == user
 
 
 def test_chosen_flags_come_before_the_users_other_flags(monkeypatch):
     """Catches a choice that drops the user's flags, or is dropped although the user did not set it."""
-    monkeypatch.setattr(models.model_module("lenet"), "CPU_FUSION", "ynn-dots")
-    assert common.xla_flags("lenet", "--xla_cpu_use_onednn=true") == \
+    monkeypatch.setitem(xla_options.MODEL_FUSIONS, "lenet", "ynn-dots")
+    assert cli.xla_flags("lenet", "--xla_cpu_use_onednn=true") == \
         f"{YNN_FUSION}=individual_dot --xla_cpu_use_onednn=true"
 
 
 YNN_FUSIONS_IN_LENET_STEP = """
 import functools, sys
 import jax, jax.numpy as jnp, optax
-from experiments import common
+from experiments import cli
 from jax_dp import models, step as step_lib
 if sys.argv[1] == "late":
-    common.use_xla_options("lenet", show=False)
+    cli.use_xla_options("lenet", show=False)
 model, tx = models.get_model("lenet", conv="xla"), optax.sgd(0.1)
 batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
 step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
@@ -65,7 +67,7 @@ def test_flags_set_after_jax_is_imported_still_reach_xla():
         assert proc.returncode == 0, proc.stderr
         return int(proc.stdout.split()[-1])
 
-    chosen = common.xla_flags("lenet", "")
+    chosen = cli.xla_flags("lenet", "")
     assert fusions("late", "") == fusions("early", chosen) != fusions("early", "")
 
 
@@ -77,7 +79,7 @@ def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
                            "--epochs", "1", "--train-examples", "64", "--test-examples", "64",
                            "--batch-size", "64"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    want = common.xla_flags("lenet", user) or "(none)"
+    want = cli.xla_flags("lenet", user) or "(none)"
     assert f"XLA_FLAGS: {want}\n" in proc.stdout
 
 
@@ -93,7 +95,7 @@ def test_an_accelerator_is_told_before_jax_starts(environ, accelerator):
 def test_no_xla_cpu_option_is_set_for_an_accelerator():
     """Catches a CPU-measured fusion set applied on a GPU: only the user's own flags stay."""
     for model in CHOSEN:
-        assert common.xla_flags(model, " --xla_gpu_autotune_level=0", accelerator=True) == \
+        assert cli.xla_flags(model, " --xla_gpu_autotune_level=0", accelerator=True) == \
             "--xla_gpu_autotune_level=0"
-        assert common.xla_flags(model, "", accelerator=True) == ""
-        assert YNN_FUSION in common.xla_flags(model, "")
+        assert cli.xla_flags(model, "", accelerator=True) == ""
+        assert YNN_FUSION in cli.xla_flags(model, "")

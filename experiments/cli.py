@@ -1,4 +1,5 @@
-"""What every experiment shares: one parser helper, flags as TrainConfigs, one-line errors."""
+"""What every experiment's command line shares: flag types, parsers, flags as TrainConfigs,
+the XLA options, and writing the outputs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
-import sys
 from pathlib import Path
 from typing import Callable
-
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 def comma_list(kind: type, what: str) -> Callable[[str], list]:
@@ -81,7 +78,7 @@ class DefaultOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def cli_parser(module: str, doc: str) -> OneLineParser:
+def parser(module: str, doc: str) -> OneLineParser:
     """The parser every experiment starts from: its module name, its docstring's first line."""
     return OneLineParser(prog=f"python -m {module}", description=doc.splitlines()[0],
                          formatter_class=DefaultOnceFormatter)
@@ -93,7 +90,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     each TrainConfig field's flag has its field's name, each of the model's options its own."""
     from jax_dp import config
 
-    p = cli_parser(module, doc)
+    p = parser(module, doc)
     if choose_model:
         p.add_argument("--model", default=model, help="a model named in jax_dp.models.MODELS, or "
                        "the import path of a module of your own (docs/models.md); its options "
@@ -161,7 +158,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
 
 
 def add_model_options(p: argparse.ArgumentParser, model: str) -> None:
-    """A flag for each option model's module declares (its OPTIONS), with its default and choices."""
+    """A flag for each option model's module declares (its OPTIONS): its default, its choices."""
     from jax_dp import models
 
     for option in models.model_module(model).OPTIONS:
@@ -261,37 +258,34 @@ def write_outputs(args, runs: list[dict]) -> None:
     payload = {"model": args.model, "runs": runs}
     write_json(args.json, payload)
     if args.plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.plot_history(payload, args.plot)
 
 
 def use_xla_options(model: str, show: bool = True) -> None:
-    """Set the XLA_FLAGS measured fastest for model (docs/speed.md), the user's own winning;
-    XLA reads them when its backend starts, so this must come before the first JAX operation."""
-    from jax._src import xla_bridge
+    """Set the XLA_FLAGS measured fastest for model (docs/speed.md), the user's own winning.
 
-    if xla_bridge.backends_are_initialized():
-        raise RuntimeError("XLA options set after JAX's backend started would be ignored")
-    from jax_dp.xla_options import accelerator_expected
+    XLA reads them once, when its backend starts: call this after importing JAX if need be,
+    but before the first JAX operation (every experiment calls it before it sets up devices).
+    """
+    from jax_dp.xla_cpu.flags import accelerator_expected
 
     accelerator = accelerator_expected()
     flags = xla_flags(model, os.environ.get("XLA_FLAGS", ""), accelerator)
     os.environ["XLA_FLAGS"] = flags
     if show:
         print(f"XLA_FLAGS: {flags or '(none)'}"
-              + (" (on an accelerator: no XLA:CPU option is set)" if accelerator else ""), flush=True)
+              + (" (on an accelerator: no XLA:CPU option is set)" if accelerator else ""),
+              flush=True)
 
 
 def xla_flags(model: str, user: str, accelerator: bool = False) -> str:
-    """XLA_FLAGS for model: its module's CPU_FUSION (XLA's default without one), user's flags
-    winning; on an accelerator, the user's alone (the fusion sets were measured on XLA:CPU)."""
-    from jax_dp import models, xla_options
+    """XLA_FLAGS for model: its YNNPACK fusion set (jax_dp.xla_cpu.flags.MODEL_FUSIONS), user's
+    flags winning; on an accelerator, the user's alone (the sets were measured on XLA:CPU)."""
+    from jax_dp.xla_cpu import flags
 
-    if accelerator:
-        return user.strip()
-    return xla_options.cpu_flags(getattr(models.model_module(model), "CPU_FUSION", "ynn-default"),
-                                 user)
+    return user.strip() if accelerator else flags.cpu_flags(model, user)
 
 
 def check_writable(path: Path | None, plot: bool = False) -> None:
@@ -300,12 +294,13 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
     if path is None:
         return
     folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not folder.is_dir() or not os.access(path if path.exists() else folder, os.W_OK):
+    writable = os.access(path if path.exists() else folder, os.W_OK)
+    if path.is_dir() or not folder.is_dir() or not writable:
         why = ("it is a folder" if path.is_dir() else f"no folder {folder}" if not folder.is_dir()
                else "permission denied")
         raise ValueError(f"cannot write {path} ({why}): pass a writable path")
     if plot:
-        from jax_dp.measure import plots
+        from experiments.measure import plots
 
         plots.check_format(path)
 
@@ -316,53 +311,3 @@ def write_json(path: Path | None, payload: dict) -> None:
         part = path.with_name(path.name + ".part")
         part.write_text(json.dumps(payload, indent=2) + "\n")
         part.replace(path)
-
-
-def with_tcmalloc() -> None:
-    """Re-run this process with tcmalloc preloaded when it is installed: XLA:CPU runs ~2x faster."""
-    if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", "") \
-            and not os.environ.get("JAX_DP_NO_TCMALLOC"):
-        env = dict(os.environ, LD_PRELOAD=TCMALLOC)
-        os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
-
-
-def run(main: Callable[[argparse.Namespace], None], make_parser: Callable[[], OneLineParser]) -> None:
-    """Parse flags and run main; bad input becomes one line on stderr and exit code 2.
-
-    The library names parameters (batch_size); the message names this CLI's flags
-    (--batch-size). tcmalloc is preloaded first, before JAX is imported.
-    """
-    with_tcmalloc()
-    prog = f"python -m {getattr(sys.modules['__main__'].__spec__, 'name', 'experiments')}"
-    for signum in (signal.SIGINT, signal.SIGTERM):  # Until train() records them between steps.
-        signal.signal(signum, lambda n, _: leave(128 + n, f"{prog}: interrupted "
-                                                 f"({signal.Signals(n).name})"))
-    from jax_dp.errors import ParamError
-
-    try:
-        p = make_parser()
-    except ParamError as e:  # A --model that is no model: its flags cannot be known.
-        leave(2, f"{prog}: error: {e.spelled(lambda n: '--' + n)}")
-    args = p.parse_args()
-    from jax_dp.train import Interrupted
-
-    try:
-        main(args)
-    except ParamError as e:
-        leave(2, f"{p.prog}: error: {e.spelled(p.flag)}")
-    except ValueError as e:
-        leave(2, f"{p.prog}: error: {e}")
-    except Interrupted as e:
-        hint = ": rerun with --resume" if e.saved else ": pass --checkpoint-dir to keep progress"
-        leave(128 + e.signum, f"{p.prog}: {e}{hint}")
-    except KeyboardInterrupt:  # A SIGINT that the handlers above did not see (another thread's).
-        leave(130, f"{p.prog}: interrupted (SIGINT)")
-
-
-def leave(code: int, line: str) -> None:
-    """Print line on stderr and end the process now with code: the interpreter's shutdown would
-    let XLA's and Orbax's threads add tracebacks to the line (or, after a SIGINT, crash)."""
-    print(line, file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

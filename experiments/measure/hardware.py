@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from jax_dp.measure import scaling
+from experiments.measure import scaling_model
+from experiments.measure.scaling_model import Link
 from jax_dp.errors import ParamError
-from jax_dp.measure.scaling import Link
 
 FIELDS = ("name", "tflops", "efficiency", "fixed_s", "devices_per_node", "intra", "inter")
 
@@ -31,8 +31,9 @@ class Hardware(NamedTuple):
              overlap: bool = False) -> Callable[[float, int], float]:
         """step(per-device batch, k): predicted seconds of one data-parallel step."""
         def seconds(b: float, k: int) -> float:
-            comm = scaling.allreduce_s(self.link(k), scheme, grad_bytes, k)
-            return scaling.step_s(flops_per_image * b / self.flops, comm, self.fixed_s, overlap)
+            comm = scaling_model.allreduce_s(self.link(k), scheme, grad_bytes, k)
+            compute = flops_per_image * b / self.flops
+            return scaling_model.step_s(compute, comm, self.fixed_s, overlap)
         return seconds
 
 

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_dp.measure import benchmark
+from experiments.measure import benchmark
 from jax_dp.models.model import Model
 
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
@@ -140,13 +140,20 @@ def in_step(compiled, arguments: tuple, repeats: int = 3) -> tuple[dict[str, flo
             step_ms = (time.perf_counter() - start) / repeats * 1e3
         (path,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
+    return op_ms(data.planes, names, repeats), step_ms
+
+
+def op_ms(planes, names: set[str], steps: int) -> dict[str, float]:
+    """Milliseconds per step that each op of names covers with its events on a profile's planes
+    and lines (threads) over steps traced steps, its parallel pieces counted once."""
     intervals = collections.defaultdict(list)
-    for plane in data.planes:
+    for plane in planes:
         for line in plane.lines:
             for event in line.events:
                 if event.name in names:
-                    intervals[event.name].append((event.start_ns, event.start_ns + event.duration_ns))
-    return {name: _covered_ns(iv) / repeats / 1e6 for name, iv in intervals.items()}, step_ms
+                    intervals[event.name].append((event.start_ns,
+                                                  event.start_ns + event.duration_ns))
+    return {name: _covered_ns(iv) / steps / 1e6 for name, iv in intervals.items()}
 
 
 def group(op: str) -> str:

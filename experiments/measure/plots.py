@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """pyplot, drawing to files (Agg); without matplotlib, a ValueError that says how to get it."""
     try:
         import matplotlib
     except ImportError:
@@ -17,7 +18,7 @@ def _pyplot():
 
 def check_format(path: Path) -> None:
     """Refuse a plot path whose suffix is no format matplotlib writes (none: PNG)."""
-    plt = _pyplot()
+    plt = pyplot()
     formats = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
     suffix = Path(path).suffix[1:].lower()
@@ -32,7 +33,7 @@ def _label(run: dict) -> str:
 
 def plot_parity(result: dict, path: Path) -> None:
     """Divergence from the single-device reference over steps, and throughput against k."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for run in result["runs"]:
         if "per_step_max_rel_diff" in run:
@@ -46,12 +47,12 @@ def plot_parity(result: dict, path: Path) -> None:
     single = next(r for r in result["runs"] if r["backend"] == "single")
     _throughput(plt, right, _by(result["runs"], "backend", skip="single"),
                 {"single (jit)": single["images_per_s"]}, "throughput")
-    _save(plt, fig, path)
+    save(plt, fig, path)
 
 
 def plot_history(payload: dict, path: Path) -> None:
     """Per-epoch training loss and test accuracy per run, and epoch time per run."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for run in payload["runs"]:
         epochs = [e["epoch"] for e in run["epochs"]]
@@ -68,18 +69,18 @@ def plot_history(payload: dict, path: Path) -> None:
     axes[1].set(xlabel="epoch", ylabel="test accuracy", title="test accuracy")
     axes[2].set(ylabel="seconds per epoch", title="epoch time")
     axes[0].legend()
-    _save(plt, fig, path)
+    save(plt, fig, path)
 
 
 def plot_benchmark(result: dict, path: Path) -> None:
     """Images/s against device count, one line per training path, PyTorch as a line."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     jax_runs = [r for r in result["runs"] if r["path"].startswith("jax")]
     peers = {r["path"]: r["images_per_s"] for r in result["runs"] if r["path"].startswith("pytorch")}
     _throughput(plt, ax, _by(jax_runs, "path"), peers,
                 f"{result['model']} training, batch {result['batch_size']}")
-    _save(plt, fig, path)
+    save(plt, fig, path)
 
 
 def _by(runs: list[dict], key: str, skip: str | None = None) -> dict[str, list[dict]]:
@@ -105,69 +106,10 @@ def _throughput(plt, ax, groups: dict[str, list[dict]], baselines: dict[str, flo
     ax.legend()
 
 
-def _save(plt, fig, path: Path) -> None:
+def save(plt, fig, path: Path) -> None:
+    """Write fig to path in the format its suffix names (none: PNG), whole or not at all."""
     fig.tight_layout()
-    part = Path(path).with_name(Path(path).name + ".part")  # Replaced in one step: never half a file.
+    part = Path(path).with_name(Path(path).name + ".part")
     fig.savefig(part, dpi=120, format=Path(path).suffix[1:] or "png")
     plt.close(fig)
     part.replace(path)
-
-
-def plot_scaling(result: dict, path: Path) -> None:
-    """This machine's measured parts and checks (top), each profile's predicted speedups (bottom)."""
-    from jax_dp.measure import scaling
-
-    plt = _pyplot()
-    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
-    compute, allreduce, checks, book = axes[0]
-    for cores, times in result["measured"]["compute"].items():
-        b = sorted(int(x) for x in times)
-        line = scaling.Line(**result["lines"][str(cores)])
-        compute.plot(b, [times[str(x)] for x in b], "o",
-                     label=f"{cores} core(s), measured")
-        compute.plot(b, [line(x) for x in b], "-", color=compute.lines[-1].get_color(), label="fit")
-    compute.set(xlabel="per-device batch", ylabel="s per step", title="(a) compute, one device")
-    compute.legend(fontsize="small")
-    for name, m in result["measured"]["configs"].items():
-        transport, _, k = scaling.layout(name)
-        for scheme in ("psum", "ring", "star"):
-            points = sorted((a["bytes"], a["seconds"]) for a in m["allreduce"] if a["scheme"] == scheme)
-            if not points:
-                continue
-            link = scaling.Link(**result["links"][transport][scheme])
-            allreduce.loglog(*zip(*points), "o", ms=4, label=f"{scheme}, {transport}, k={k}")
-            allreduce.loglog([n for n, _ in points], [max(scaling.allreduce_s(link, scheme, n, k), 1e-7)
-                                                      for n, _ in points], "-",
-                             color=allreduce.lines[-1].get_color())
-    allreduce.set(xlabel="message bytes", ylabel="s per all-reduce",
-                  title="(b) all-reduce: measured (dots), alpha-beta fit (lines)")
-    allreduce.legend(fontsize="x-small", ncol=2)
-    names = [c["config"].replace("x", " proc x ") + " dev" for c in result["checks"]]
-    x = range(len(names))
-    checks.bar([i - 0.2 for i in x], [c["predicted_s"] for c in result["checks"]], 0.4, label="predicted")
-    checks.bar([i + 0.2 for i in x], [c["measured_s"] for c in result["checks"]], 0.4, label="measured")
-    checks.set_xticks(list(x), names, fontsize="small")
-    checks.set(ylabel="s per step", title=f"(c) {result['model']}, batch {result['batch_size']}: "
-               "model vs measurement")
-    checks.legend(fontsize="small")
-    if result.get("book"):
-        rows = [(f"{n} {k} GPU", b["book_s"][k], b["profile_s"][k], b["calibrated_s"][k])
-                for n, b in result["book"].items() for k in (1, 2)]
-        x = range(len(rows))
-        for shift, col, label in ((-0.27, 1, "book"), (0, 2, "model, profile"),
-                                  (0.27, 3, "model, per-step offset fitted to 1 GPU")):
-            book.bar([i + shift for i in x], [r[col] for r in rows], 0.27, label=label)
-        book.set_xticks(list(x), [r[0] for r in rows], fontsize="small")
-        book.set(ylabel="s per epoch", title="(d) the book's tables, V100 over PCIe")
-        book.legend(fontsize="small")
-    ks = [1, 2, 4, 8, 16, 32, 64]
-    for ax, (name, kind) in zip(axes[1], [(n, w) for n in ("lenet", "resnet18") for w in ("weak", "strong")]):
-        for key, p in result["profiles"].items():
-            ax.plot(ks, p[name][kind], "-o", ms=3, label=key)
-            ax.plot(ks, p[name][f"{kind}_overlap"], "--", color=ax.lines[-1].get_color())
-        ax.plot(ks, ks, ":", color="grey", label="ideal")
-        ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="speedup over 1 device",
-               title=f"{name}, batch 256 {'per device' if kind == 'weak' else 'in all'} ({kind}); "
-                     "dashed: overlap")
-        ax.legend(fontsize="x-small")
-    _save(plt, fig, path)

@@ -1,2 +1,0 @@
-"""Measurement and comparison: timings, profiles, parity against one device, a scaling model,
-the PyTorch peer, plots. Nothing here is needed to train."""
