@@ -151,17 +151,6 @@ def _refusal(what: str, diffs: dict[str, tuple]) -> ParamError:
         "epochs may change): resume with the same values or use another {}"))
 
 
-def latest(directory: str | Path) -> tuple[int, dict, dict]:
-    """(global step, arrays as saved, metadata) of the latest checkpoint in directory."""
-    manager = _manager(directory, keep=None)
-    step = manager.latest_step()
-    if step is None:
-        raise ParamError("checkpoint_dir", f"no checkpoint in {directory}: pass the {{}} of a run")
-    restored = manager.restore(step, args=ocp.args.Composite(
-        arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
-    return step, restored["arrays"], restored["meta"]
-
-
 def _on_host(backend, state, metrics, position) -> dict:
     """The arrays of a checkpoint, read from their devices."""
     return {"state": {"params": backend.unreplicate(state.params),

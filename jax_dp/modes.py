@@ -43,7 +43,7 @@ class HostBatches:
         self.step = steps.train_batch
 
     def compile(self, state, metrics, start: int) -> None:
-        """Compile the step ahead of time for this run's batches."""
+        """Compile the step ahead of time for this run's batches (all of one size: any start)."""
         size = data.padded_size(self.batch_size, self.steps.pad_to)
         batch = self.steps.backend.shard(data.zero_batch(size, self.train_data.images.shape[1:]))
         self.step = self.steps.backend.precompile(self.steps.train_batch, state, metrics, batch)

@@ -88,3 +88,19 @@ def torch_sgd_step(params, batch, lr):
             "fc1": {"w": w(fc1).reshape(128, 50, 4, 4).transpose(2, 3, 1, 0).reshape(800, 128),
                     "b": fc1.bias.detach().numpy()},
             "fc2": {"w": w(fc2).T, "b": fc2.bias.detach().numpy()}}
+
+
+def latest_checkpoint(directory):
+    """(global step, arrays as saved, metadata) of the newest checkpoint in directory, read
+    with Orbax alone (not through jax_dp.checkpoint, which it checks)."""
+    from pathlib import Path
+
+    import orbax.checkpoint as ocp
+
+    manager = ocp.CheckpointManager(Path(directory).absolute(), options=ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=False, create=False))
+    step = manager.latest_step()
+    assert step is not None, f"no checkpoint in {directory}"
+    restored = manager.restore(step, args=ocp.args.Composite(
+        arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    return step, restored["arrays"], restored["meta"]

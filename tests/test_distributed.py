@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.measure import parity
-from jax_dp import checkpoint
+from helpers import latest_checkpoint
 
 FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", "--epochs", "2",
          "--batch-size", "64", "--no-progress"]
@@ -17,7 +17,7 @@ FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", 
 def final_state(directory):
     """Params and optimizer state of the run's last checkpoint."""
     (run_dir,) = Path(directory).glob("*dev-*")
-    step, arrays, _ = checkpoint.latest(run_dir)
+    step, arrays, _ = latest_checkpoint(run_dir)
     return step, arrays["state"]
 
 
