@@ -194,7 +194,8 @@ def step_and_scan(model_name, batch_size, **options):
 
 
 @pytest.mark.parametrize("model,batch_size,options", [("lenet", 8, {"conv": "xla"}),
-                                                      ("resnet18", 4, {})], ids=["lenet", "resnet18"])
+                                                      ("tests.tiny_resnet", 4, {})],
+                         ids=["lenet", "resnet"])
 def test_every_convolution_of_a_train_step_is_canonical_alone_and_in_a_scan(model, batch_size, options):
     """Catches a convolution or gradient convolution off XLA:CPU's fast path, which inside a
     loop runs about 10x slower: every one must be NHWC x HWIO -> NHWC."""
