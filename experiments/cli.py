@@ -184,9 +184,8 @@ def chosen_model(default: str) -> str:
 def configs(args) -> list:
     """One TrainConfig per run: every field from its flag; devices, batch size and lr per run."""
     from jax_dp import models
-    from jax_dp.config import TrainConfig, check_step_timeout
+    from jax_dp.config import TrainConfig
 
-    check_step_timeout(args.step_timeout)
     if args.base_batch_size < 1:
         raise ValueError(f"--base-batch-size must be at least 1, got {args.base_batch_size}")
     n = len(args.devices)
@@ -213,15 +212,17 @@ def load_data(args):
 
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
-    from jax_dp import checkpoint, devices, distributed, models, modes, train  # JAX starts later.
+    from jax_dp import checkpoint, devices, distributed, models, train  # JAX starts later.
+    from jax_dp.config import RunOptions
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None, plot=True)
     runs_configs = configs(args)
-    if args.steps_per_call is not None:
-        modes.check_steps_per_call(args.steps_per_call)
+    options = RunOptions(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                         resume=args.resume, step_timeout=args.step_timeout,
+                         steps_per_call=args.steps_per_call, progress=args.progress)
     use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].options)
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
@@ -238,12 +239,9 @@ def train_runs(args) -> None:
     for config in runs_configs:
         ckpt = args.checkpoint_dir and \
             f"{args.checkpoint_dir}/{config.devices}dev-bs{config.batch_size}-lr{config.lr}"
-        run = train.train(config, train_data, test_data, checkpoint_dir=ckpt,
-                          checkpoint_every=args.checkpoint_every, resume=args.resume,
-                          step_timeout=args.step_timeout, progress=args.progress and primary,
-                          steps_per_call=modes.default_steps_per_call() if args.steps_per_call
-                          is None else args.steps_per_call,
-                          log=log, on_epoch=write)
+        run = train.train(config, train_data, test_data, dataclasses.replace(
+            options, checkpoint_dir=ckpt, progress=args.progress and primary), log=log,
+            on_epoch=write)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
         log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "

@@ -37,13 +37,13 @@ def versions() -> dict:
 def lenet_calls(sizes: dict, train_data, test_data) -> list[dict]:
     """A LeNet epoch on one device at each number of steps per compiled call."""
     from jax_dp import train
-    from jax_dp.config import TrainConfig
+    from jax_dp.config import RunOptions, TrainConfig
 
     rows = []
     for n in sizes["calls"]:
         config = TrainConfig(devices=1, batch_size=sizes["lenet_batch"], epochs=1,
                              train_examples=len(train_data.labels), test_examples=len(test_data.labels))
-        run = train.train(config, train_data, test_data, steps_per_call=n, log=lambda _: None)
+        run = train.train(config, train_data, test_data, RunOptions(steps_per_call=n), log=lambda _: None)
         epoch_s = run["epochs"][0]["time_s"]
         rows.append({"steps_per_call": n, "epoch_s": epoch_s, "compile_s": run["compile_s"],
                      "images_per_s": len(train_data.labels) / epoch_s,
@@ -148,7 +148,7 @@ def table(result: dict) -> str:
               f"{r['compile_s']:.1f} |" for r in result["lenet_steps_per_call"]]
     best = max(result["lenet_steps_per_call"], key=lambda r: r["images_per_s"])
     lines += ["", f"fastest LeNet: {best['steps_per_call']} steps per call "
-              "(jax_dp.modes.STEPS_PER_CALL for this platform)", "",
+              "(jax_dp.feeds.STEPS_PER_CALL for this platform)", "",
               "| ResNet-18 convolution gradients | batch | ms per step | images/s | compile s |",
               "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['conv_grads']} | {r['batch_size']} | {r['step_s'] * 1e3:.1f} | "

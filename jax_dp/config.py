@@ -1,4 +1,5 @@
-"""TrainConfig: everything that defines a training run, validated once, saved whole; no JAX in it."""
+"""TrainConfig: everything that defines a training run, validated once, saved whole; RunOptions: how a
+run is kept and watched. No JAX in it."""
 
 from __future__ import annotations
 
@@ -116,10 +117,39 @@ def check_exact(backend: str, allreduce: str, devices: int, compute_dtype: str =
                          f"micro-batches, which {{}} {devices} does not divide: use 1, 2, 4 or 8")
 
 
-def check_step_timeout(seconds: float | None) -> None:
-    """Refuse a step timeout that is not a positive, finite number of seconds (None: no watchdog)."""
-    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-        raise ParamError("step_timeout", f"{{}} must be a positive number of seconds, got {seconds}")
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a run is kept and watched, not what it computes (two runs that differ only here give
+    the same bits). Validated once, here.
+
+    checkpoint_dir: save the run here (Orbax) every checkpoint_every global steps (0: at each
+      epoch's end only) and at each epoch's end; on SIGINT or SIGTERM, save and stop.
+    resume: continue from the latest checkpoint in checkpoint_dir, if there is one.
+    step_timeout: end the process (exit code 3) if a step takes longer than this many seconds
+      (None: no watchdog).
+    steps_per_call: steps per compiled call (jax_dp.feeds; None: the platform's measured best).
+      Checkpoints, signals and the progress bar then act between calls.
+    progress: show a progress bar within each epoch, on terminals only.
+    """
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    step_timeout: float | None = None
+    steps_per_call: int | None = None
+    progress: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ParamError("checkpoint_every", f"{{}} must be 0 (epoch ends only) or more, "
+                             f"got {self.checkpoint_every}")
+        if self.step_timeout is not None and not (math.isfinite(self.step_timeout)
+                                                  and self.step_timeout > 0):
+            raise ParamError("step_timeout", f"{{}} must be a positive number of seconds, got "
+                             f"{self.step_timeout}")
+        if self.steps_per_call is not None:
+            _at_least("steps_per_call", self.steps_per_call, 1)
+        if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
+            raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 
 
 def _at_least(name, value, low):

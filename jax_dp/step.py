@@ -123,11 +123,11 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
 
 class Steps(NamedTuple):
-    """A model's steps for one backend: `train` is the pure per-shard step (to wrap further),
-    `train_batch` and `evaluate` its compiled forms, each taking (state, metrics, batch);
+    """A model's steps for one backend: `train_step` is the pure per-shard step (to wrap
+    further), `train_batch` and `evaluate` compiled steps, each taking (state, metrics, batch);
     every global batch is padded to a multiple of `pad_to` rows."""
     backend: Backend
-    train: Callable
+    train_step: Callable
     train_batch: Callable
     evaluate: Callable
     pad_to: int

@@ -12,11 +12,11 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, modes
+from jax_dp import dispatch, feeds
 from jax_dp import allreduce
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer
-from jax_dp.config import TrainConfig, check_step_timeout
+from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.exact import steps as exact_steps
@@ -107,10 +107,8 @@ def build_steps(config: TrainConfig, model, tx: optax.GradientTransformation) ->
                       config.compute_dtype)
 
 
-def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split, *,
-          checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
-          step_timeout: float | None = None, progress: bool = False, steps_per_call: int = 1,
-          log: Callable[[str], None] = print,
+def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split,
+          run: RunOptions = RunOptions(), *, log: Callable[[str], None] = print,
           on_epoch: Callable[[dict], None] = lambda summary: None,
           on_step: Callable[[Position], None] = lambda position: None) -> dict:
     """Train config's model with SGD on config.devices devices, printing the book's lines.
@@ -118,18 +116,10 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     Args:
       config: what the run computes (model, backend, devices, batch size, lr, ...);
         train_data and test_data must hold config.train_examples and test_examples.
-      checkpoint_dir: save the run here (Orbax) every checkpoint_every global steps and
-        at each epoch's end; on SIGINT or SIGTERM, save and raise Interrupted (a signal
-        on an epoch's last step lets that epoch's evaluation finish first).
-      resume: continue from the latest checkpoint in checkpoint_dir, if there is one;
-        a checkpoint of another config is refused (a larger config.epochs is allowed).
-      step_timeout: end the process (exit code 3) if a step takes longer than this (a call
-        of steps_per_call steps, steps_per_call times this).
-      progress: show a progress bar (steps/s, time left) within each epoch, on terminals only.
-      steps_per_call: run this many steps per compiled call (modes.DeviceCalls: the same
-        numbers as one step per call). Checkpoints, signals and the progress bar then act
-        between calls: a save falls at the end of the first call at or past each multiple
-        of checkpoint_every.
+      run: how the run is kept and watched (checkpoints, resume, watchdog, steps per call,
+        progress bar). A resume refuses a checkpoint of another config (a larger
+        config.epochs is allowed); a signal on an epoch's last step lets that epoch's
+        evaluation finish first, then saves and raises Interrupted.
       log: where the config, compile time and per-epoch lines go.
       on_epoch: called after each epoch's evaluation with the run's summary so far (the
         return value without "state"), before that epoch's checkpoint and any stop.
@@ -141,8 +131,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       "train_loss", "train_acc", "test_acc"}, ...], "state": the final TrainState on the
       host (replica 0)}.
     """
-    _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
-               step_timeout)
+    _check_data(config, train_data, test_data)
+    steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
     config = dataclasses.replace(config, options=model_options(config.model, config.options,
                                                                config.backend))
     platform = jax.default_backend()
@@ -153,20 +143,20 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         jax.random.key(config.seed)
     steps = build_steps(config, model, tx)
     backend = steps.backend
-    mode = modes.make_mode(steps, train_data, config.batch_size, config.drop_remainder,
+    feed = feeds.make_feed(steps, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)
     state = backend.replicate(init_state(model, tx, jax.random.split(key)[0]))
     metrics = backend.replicate(zero_metrics())
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
-    ckpt = Checkpointer(checkpoint_dir, config, backend) if checkpoint_dir else None
+    ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
     try:
-        if resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
+        if run.resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
             state, metrics, position = restored
-            log(f"resuming from {checkpoint_dir} at epoch {position.epoch + 1}, "
+            log(f"resuming from {run.checkpoint_dir} at epoch {position.epoch + 1}, "
                 f"step {position.step}")
         per_epoch = steps_per_epoch(config)
         start_time = time.perf_counter()
-        mode.compile(state, metrics, position.step)
+        feed.compile(state, metrics, position.step)
         eval_batch = backend.shard(data_lib.zero_batch(
             data_lib.padded_size(config.batch_size, steps.pad_to), test_data.images.shape[1:]))
         steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics,
@@ -179,21 +169,21 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
-        in_flight = dispatch.InFlight(timeout_s=step_timeout and step_timeout * steps_per_call)
+        in_flight = dispatch.InFlight(timeout_s=run.step_timeout and run.step_timeout * steps_per_call)
         with dispatch.stop_requests() as stop:
             while position.epoch < config.epochs:
                 # A resumed epoch's earlier steps count too.
                 epoch_start = time.perf_counter() - position.epoch_s
-                with _bar(progress, position, per_epoch) as bar:
-                    for n, placed in mode.epoch(position.order, position.step):
-                        state, metrics = mode(state, metrics, placed)
+                with _bar(run.progress, position, per_epoch) as bar:
+                    for n, placed in feed.epoch(position.order, position.step):
+                        state, metrics = feed(state, metrics, placed)
                         before, position = position.global_step, position.stepped(n)
                         in_flight.add(metrics,
                                       f"step {position.step} of epoch {position.epoch + 1}")
                         bar.update(n)
                         on_step(position)
                         if position.step < per_epoch:  # An epoch's last step is saved at its end.
-                            due = _crossed(before, position.global_step, checkpoint_every)
+                            due = _crossed(before, position.global_step, run.checkpoint_every)
                             _between_steps(backend, ckpt, state, metrics, position, stop, due=due,
                                            epoch_start=epoch_start)
                     in_flight.drain()
@@ -214,19 +204,12 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
             ckpt.close()
 
 
-def _check_run(config, train_data, test_data, checkpoint_dir, checkpoint_every, resume,
-               step_timeout):
-    """Refuse data that is not the config's, and options that cannot work."""
+def _check_data(config, train_data, test_data):
+    """Refuse data that is not the config's."""
     for split, data in (("train", train_data), ("test", test_data)):
         if len(data.labels) != getattr(config, f"{split}_examples"):
             raise ParamError(f"{split}_examples", f"{{}} is {getattr(config, f'{split}_examples')}"
                              f" but the {split} data holds {len(data.labels)} examples")
-    if checkpoint_every < 0:
-        raise ParamError("checkpoint_every", f"{{}} must be 0 (epoch ends only) or more, "
-                         f"got {checkpoint_every}")
-    check_step_timeout(step_timeout)
-    if (resume or checkpoint_every) and not checkpoint_dir:
-        raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 
 
 def _crossed(before: int, after: int, every: int) -> bool:

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jax_dp import checkpoint, data, train
-from jax_dp.config import TrainConfig
+from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
 
 rng = np.random.default_rng(0)
@@ -35,7 +35,7 @@ def straight():
 def saved(tmp_path_factory):
     """A folder of RUN checkpointed every step: steps 7 and 8 are kept."""
     directory = tmp_path_factory.mktemp("saved")
-    train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(directory), checkpoint_every=1, log=quiet)
+    train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(directory), checkpoint_every=1), log=quiet)
     assert sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) == [LAST - 1, LAST]
     return directory
 
@@ -62,7 +62,7 @@ DAMAGES = {
 
 def resumed(directory):
     lines = []
-    run = train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(directory), resume=True, log=lines.append)
+    run = train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(directory), resume=True), log=lines.append)
     return run, lines
 
 
@@ -120,7 +120,7 @@ def test_a_full_disk_is_one_line_naming_the_folder(tmp_path, monkeypatch):
         raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device [os_error_code='28']")
     monkeypatch.setattr(ocp.CheckpointManager, "save", full)
     with pytest.raises(ParamError) as e:
-        train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path), checkpoint_every=1, log=quiet)
+        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1), log=quiet)
     assert str(e.value) == (
         f"cannot save a checkpoint in {tmp_path} (ValueError: RESOURCE_EXHAUSTED: Failed writing: No "
         "space left on device [os_error_code='28']): free some space, or pass another checkpoint_dir")
@@ -130,20 +130,19 @@ def test_a_folder_in_use_is_refused_naming_the_holder_and_freed_when_it_ends(tmp
     holder = checkpoint._lock(tmp_path)
     with pytest.raises(ParamError, match=rf"{tmp_path} is in use by another run \(process "
                                          rf"{os.getpid()}\): wait for it to end, or pass another "):
-        train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path), log=quiet)
+        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
     holder.close()
-    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT, checkpoint_dir=str(tmp_path), log=quiet)
+    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
     checkpoint._lock(tmp_path).close()  # A run that ended leaves the folder free ...
     with pytest.raises(ParamError, match="cannot resume"):
-        train.train(dataclasses.replace(RUN, lr=0.3), SPLIT, SPLIT, checkpoint_dir=str(tmp_path),
-                    resume=True, log=quiet)
+        train.train(dataclasses.replace(RUN, lr=0.3), SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), resume=True), log=quiet)
     checkpoint._lock(tmp_path).close()  # ... and so does one that failed.
 
 
 def test_a_checkpoint_folder_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ParamError, match=rf"cannot write checkpoints to {tmp_path / 'f'}"):
-        train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path / "f"), log=quiet)
+        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path / "f")), log=quiet)
 
 
 def test_a_resume_is_refused_when_the_folder_holds_only_other_runs(saved, tmp_path):

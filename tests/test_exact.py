@@ -15,7 +15,7 @@ import pytest
 from jax_dp import data, models, step as step_lib, train
 from jax_dp.exact import micro, steps as exact_steps
 from jax_dp.backends import make_backend
-from jax_dp.config import MICRO_BATCHES, TrainConfig
+from jax_dp.config import MICRO_BATCHES, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 
@@ -125,9 +125,11 @@ def test_runs_on_1_and_2_devices_have_one_history_and_a_resume_keeps_it(tmp_path
             for k in (1, 2)]
     untimed = [[{k: v for k, v in e.items() if k != "time_s"} for e in r["epochs"]] for r in runs]
     assert untimed[0] == untimed[1] and bits(runs[0]["state"]) == bits(runs[1]["state"])
-    options = dict(checkpoint_dir=str(tmp_path), log=lambda _: None)
-    train.train(dataclasses.replace(config, devices=2, epochs=1), split, split, **options)
-    resumed = train.train(dataclasses.replace(config, devices=2), split, split, resume=True, **options)
+    saving = RunOptions(checkpoint_dir=str(tmp_path))
+    train.train(dataclasses.replace(config, devices=2, epochs=1), split, split, saving,
+                log=lambda _: None)
+    resumed = train.train(dataclasses.replace(config, devices=2), split, split,
+                          dataclasses.replace(saving, resume=True), log=lambda _: None)
     assert bits(resumed["state"]) == bits(runs[0]["state"])
 
 
@@ -169,5 +171,5 @@ def test_steps_per_call_keep_the_bits(fashion_train_6k):
     split = data.Split(fashion_train_6k.images[:600], fashion_train_6k.labels[:600])
     config = TrainConfig(exact=True, devices=2, batch_size=64, lr=0.1, epochs=1,
                          train_examples=600, test_examples=600)
-    runs = [train.train(config, split, split, steps_per_call=n, log=lambda _: None) for n in (1, 3)]
+    runs = [train.train(config, split, split, RunOptions(steps_per_call=n), log=lambda _: None) for n in (1, 3)]
     assert bits(runs[0]["state"]) == bits(runs[1]["state"])

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jax_dp import checkpoint, data, modes, train
-from jax_dp.config import TrainConfig
+from jax_dp import checkpoint, data, feeds, train
+from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
 
 # 100 examples in batches of 16: 7 steps an epoch, the last padded; calls of 3 steps: 3, 3, 1.
@@ -35,9 +35,9 @@ def test_calls_gather_exactly_the_batches_data_batches_gives(devices, start, dro
     order = np.random.default_rng(2).permutation(N)
     where = dict(pad_to=devices, order=order, start=start, drop_remainder=drop)
     want = list(data.batches(SPLIT, BATCH, **where))
-    split = modes.on_device(SPLIT)
+    split = feeds.on_device(SPLIT)
     got = [{"image": split["image"][index], "label": split["label"][index], "mask": mask}
-           for call in modes.calls(N, BATCH, PER_CALL, **where)
+           for call in feeds.calls(N, BATCH, PER_CALL, **where)
            for index, mask in zip(call["index"].T, call["mask"].T)]
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -61,8 +61,7 @@ def test_n_steps_per_call_equal_n_calls_of_one_step_bit_for_bit(one_step_per_cal
     The reported train loss is the one exception: no update depends on its value, and XLA:CPU
     compiles the loss differently inside a loop under pmap (a step's loss sum moved by 1e-7,
     measured), so it agrees to float32 round-off; counts and accuracies are exact."""
-    many = train.train(dataclasses.replace(RUN, backend=backend, devices=k), SPLIT, SPLIT,
-                       steps_per_call=PER_CALL, log=quiet)
+    many = train.train(dataclasses.replace(RUN, backend=backend, devices=k), SPLIT, SPLIT, RunOptions(steps_per_call=PER_CALL), log=quiet)
     single = one_step_per_call[backend]
     assert_bitwise_equal(many["state"], single["state"])
     for a, b in zip(many["epochs"], single["epochs"], strict=True):
@@ -77,7 +76,7 @@ def test_resnet_steps_per_call_equal_single_steps_bit_for_bit():
                          test_examples=8)
     split = data.Split(SPLIT.images[:20], SPLIT.labels[:20])
     test = data.Split(SPLIT.images[:8], SPLIT.labels[:8])
-    runs = [train.train(config, split, test, steps_per_call=n, log=quiet)["state"] for n in (1, 2)]
+    runs = [train.train(config, split, test, RunOptions(steps_per_call=n), log=quiet)["state"] for n in (1, 2)]
     assert_bitwise_equal(*runs)
 
 
@@ -95,17 +94,17 @@ def test_a_run_stopped_between_calls_resumes_with_any_steps_per_call_bit_for_bit
         if position.global_step == 10:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    options = RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=4)
     with pytest.raises(train.Interrupted, match="epoch 2, step 3"):
-        train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, log=quiet, on_step=on_step,
-                    **options)
+        train.train(RUN, SPLIT, SPLIT, dataclasses.replace(options, steps_per_call=PER_CALL),
+                    log=quiet, on_step=on_step)
     # Calls end at steps 3, 6, 7 (epoch 1's end), 10 (the signal): 6 is the first past 4,
     # 7 the epoch's end, 10 the first past 8 and where the signal stops the run.
     assert saved == [6, 7, 10]
     monkeypatch.undo()
     lines = []
-    resumed = train.train(RUN, SPLIT, SPLIT, resume=True, steps_per_call=resumed_per_call,
-                          log=lines.append, **options)
+    resumed = train.train(RUN, SPLIT, SPLIT, dataclasses.replace(
+        options, resume=True, steps_per_call=resumed_per_call), log=lines.append)
     assert any(line.endswith("at epoch 2, step 3") for line in lines)
     assert_bitwise_equal(resumed["state"], one_step_per_call["pmap"]["state"])
 
@@ -116,14 +115,14 @@ def test_a_non_finite_step_inside_a_call_is_named_as_with_one_step_per_call():
     messages = []
     for n in (1, PER_CALL):
         with pytest.raises(train.NonFiniteError) as error:
-            train.train(config, SPLIT, SPLIT, steps_per_call=n, log=quiet)
+            train.train(config, SPLIT, SPLIT, RunOptions(steps_per_call=n), log=quiet)
         messages.append(str(error.value))
     assert messages[0] == messages[1] and "epoch 1, step" in messages[0]
 
 
 def test_steps_per_call_below_one_is_refused():
     with pytest.raises(ParamError, match="steps_per_call must be at least 1, got 0"):
-        train.train(RUN, SPLIT, SPLIT, steps_per_call=0, log=quiet)
+        RunOptions(steps_per_call=0)
 
 
 def test_the_progress_bar_counts_every_step_of_every_call(monkeypatch):
@@ -145,5 +144,5 @@ def test_the_progress_bar_counts_every_step_of_every_call(monkeypatch):
             pass
 
     monkeypatch.setattr(train.tqdm, "tqdm", Bar)
-    train.train(RUN, SPLIT, SPLIT, steps_per_call=PER_CALL, progress=True, log=quiet)
+    train.train(RUN, SPLIT, SPLIT, RunOptions(steps_per_call=PER_CALL, progress=True), log=quiet)
     assert [(b.total, b.count) for b in bars] == [(7, 7), (7, 7)]

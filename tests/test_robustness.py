@@ -18,7 +18,7 @@ import pytest
 from experiments.measure import parity
 from jax_dp import checkpoint, data, dispatch, models, step as step_lib, train
 from jax_dp.backends import make_backend
-from jax_dp.config import TrainConfig
+from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 
@@ -114,8 +114,7 @@ def test_a_non_finite_step_stops_training_naming_epoch_and_step(tmp_path, positi
     split = poisoned(tiny_split(), config, [position])
     with pytest.raises(train.NonFiniteError,
                        match=rf"non-finite at epoch 1, step {position // 8 + 1}; .*lower lr"):
-        train.train(config, split, tiny_split(), checkpoint_dir=str(tmp_path), checkpoint_every=1,
-                    steps_per_call=steps_per_call, log=quiet)
+        train.train(config, split, tiny_split(), RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1, steps_per_call=steps_per_call), log=quiet)
     last_good = (position // 8) // steps_per_call * steps_per_call  # The last call's end before it.
     if last_good == 0:
         with pytest.raises(AssertionError, match="no checkpoint"):
@@ -257,13 +256,14 @@ def test_a_run_stopped_at_any_step_resumes_to_bitwise_the_same_params(tmp_path, 
     real_save = checkpoint.Checkpointer.save
     monkeypatch.setattr(checkpoint.Checkpointer, "save", lambda self, state, metrics, position: (
         saved.append(position.global_step), real_save(self, state, metrics, position))[1])
-    options = dict(checkpoint_dir=str(tmp_path), checkpoint_every=every, log=quiet)
+    options = RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=every)
     summaries, stop = [], signal_at(stop_at)
     if stop_at < 8:
         with pytest.raises(train.Interrupted, match=f"checkpoint saved in {tmp_path}"):
-            train.train(RUN, SPLIT, SPLIT, **options, on_epoch=summaries.append, on_step=stop)
+            train.train(RUN, SPLIT, SPLIT, options, log=quiet, on_epoch=summaries.append,
+                        on_step=stop)
     else:  # A signal on the run's last step comes too late to stop it.
-        train.train(RUN, SPLIT, SPLIT, **options, on_epoch=summaries.append, on_step=stop)
+        train.train(RUN, SPLIT, SPLIT, options, log=quiet, on_epoch=summaries.append, on_step=stop)
     # Each finished epoch is reported, the one a stop ends included.
     assert [[e["epoch"] for e in s["epochs"]] for s in summaries] == [[1], [1, 2]][:stop_at // 4]
     due = [s for s in range(1, stop_at + 1) if (every and s % every == 0) or s % 4 == 0]
@@ -272,23 +272,25 @@ def test_a_run_stopped_at_any_step_resumes_to_bitwise_the_same_params(tmp_path, 
     assert step == stop_at and (meta["epoch"], meta["step"]) == divmod(stop_at, 4)
     assert len(meta["history"]) == stop_at // 4  # At an epoch's end, its evaluation is saved.
     monkeypatch.undo()
-    resumed = train.train(RUN, SPLIT, SPLIT, resume=True, **options, on_epoch=summaries.append)
+    resumed = train.train(RUN, SPLIT, SPLIT, dataclasses.replace(options, resume=True), log=quiet,
+                          on_epoch=summaries.append)
     assert_bitwise_equal(resumed["state"], straight["state"])
     assert [untimed(e) for e in resumed["epochs"]] == [untimed(e) for e in straight["epochs"]]
     assert summaries[-1]["epochs"] == resumed["epochs"]
 
 
 def test_a_finished_run_resumed_with_more_epochs_equals_the_longer_run(tmp_path, straight):
-    options = dict(checkpoint_dir=str(tmp_path), log=quiet)
-    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT, **options)
-    longer = train.train(RUN, SPLIT, SPLIT, resume=True, **options)
+    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT,
+                RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
+    longer = train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), resume=True),
+                         log=quiet)
     assert_bitwise_equal(longer["state"], straight["state"])
 
 
 @pytest.fixture(scope="module")
 def finished_checkpoint(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpt")
-    train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(directory), log=quiet)
+    train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(directory)), log=quiet)
     return directory
 
 
@@ -315,8 +317,7 @@ def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint,
     train_split = tiny_split(32) if field == "train_examples" else SPLIT
     test = data.Split(SPLIT.images[:32], SPLIT.labels[:32]) if field == "test_examples" else SPLIT
     with pytest.raises(ParamError) as e:
-        train.train(config, train_split, test, resume=True,
-                    checkpoint_dir=str(finished_checkpoint), log=quiet)
+        train.train(config, train_split, test, RunOptions(resume=True, checkpoint_dir=str(finished_checkpoint)), log=quiet)
     old = models.model_options(RUN.model)[field] if field in ("conv", "activation", "conv_grads") else \
         getattr(RUN, field)
     assert f"was written with {field} {old!r}, this run has {field} {value!r}" in str(e.value)
@@ -392,8 +393,7 @@ def test_a_resumed_epoch_counts_the_seconds_its_steps_took_before_the_stop(tmp_p
         clock.now += 1.0
         stop(position)
     with pytest.raises(train.Interrupted):
-        train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path), log=quiet, on_step=step)
+        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet, on_step=step)
     assert latest_checkpoint(tmp_path)[2]["epoch_s"] == 2.0
-    times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT, checkpoint_dir=str(tmp_path),
-                                              resume=True, log=quiet)["epochs"]]
+    times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), resume=True), log=quiet)["epochs"]]
     assert times == [2.0, 0.0]

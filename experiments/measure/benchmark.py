@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import optax
 
-from jax_dp import data, dispatch, modes, step as step_lib
+from jax_dp import data, dispatch, feeds, step as step_lib
 from jax_dp.allreduce import get_allreduce
 from jax_dp.exact import steps as exact_steps
 from jax_dp.backends import make_backend
@@ -99,11 +99,11 @@ def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3
     steps (steps of them per compiled call, under lax.scan): the step's compute alone."""
     tx, state = sgd_state(model)
     backend = make_backend("single", jax.devices()[:1])
-    run = backend.compile(modes.scanned(step_lib.make_steps(model, tx, backend).train), donate_argnums=(0,))
+    run = backend.compile(feeds.scanned(step_lib.make_steps(model, tx, backend).train_step), donate_argnums=(0,))
     n = batch_size * steps
-    split = jax.device_put(modes.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
+    split = jax.device_put(feeds.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
                                                      np.zeros(n, np.int32))))
-    call = jax.device_put(next(modes.calls(n, batch_size, steps, order=np.arange(n))))
+    call = jax.device_put(next(feeds.calls(n, batch_size, steps, order=np.arange(n))))
     compiled = run.lower(state, step_lib.zero_metrics(), split, call).compile()
 
     def calls():

@@ -1,6 +1,6 @@
 """How a run feeds its steps: one host batch per compiled call, or many steps per call on device.
 
-Both modes compute the same numbers; the run loop sees only `epoch` and the mode's call.
+Both feeds compute the same numbers; the run loop sees only `epoch` and the feed's call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 from jax import lax
 
 from jax_dp import data
-from jax_dp.errors import ParamError
 from jax_dp.step import Steps
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
@@ -25,12 +24,6 @@ STEPS_PER_CALL = {"cpu": 1, "gpu": 16}
 def default_steps_per_call() -> int:
     """Steps per call for the default backend's platform (STEPS_PER_CALL: measured on CPU)."""
     return STEPS_PER_CALL.get(jax.default_backend(), 1)
-
-
-def check_steps_per_call(steps_per_call: int) -> None:
-    """Refuse a number of steps per call below 1."""
-    if steps_per_call < 1:
-        raise ParamError("steps_per_call", f"{{}} must be at least 1, got {steps_per_call}")
 
 
 class HostBatches:
@@ -69,7 +62,7 @@ class DeviceCalls:
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.steps_per_call = steps_per_call
         self.examples = self.backend.replicate(on_device(train_data))
-        self.run = self.backend.compile(scanned(steps.train), donate_argnums=(0,))
+        self.run = self.backend.compile(scanned(steps.train_step), donate_argnums=(0,))
         self.compiled: dict[int, Callable] = {}  # Steps in a call -> its compiled run.
 
     def compile(self, state, metrics, start: int) -> None:
@@ -94,10 +87,9 @@ class DeviceCalls:
         return self.compiled[call["mask"].shape[-1]](state, metrics, self.examples, call)
 
 
-def make_mode(steps: Steps, train_data: data.Split, batch_size: int, drop_remainder: bool,
+def make_feed(steps: Steps, train_data: data.Split, batch_size: int, drop_remainder: bool,
               steps_per_call: int) -> HostBatches | DeviceCalls:
     """HostBatches for one step per call, DeviceCalls for more."""
-    check_steps_per_call(steps_per_call)
     if steps_per_call == 1:
         return HostBatches(steps, train_data, batch_size, drop_remainder)
     return DeviceCalls(steps, train_data, batch_size, drop_remainder, steps_per_call)
