@@ -183,7 +183,6 @@ def chosen_model(default: str) -> str:
 
 def configs(args) -> list:
     """One TrainConfig per run: every field from its flag; devices, batch size and lr per run."""
-    from jax_dp import models
     from jax_dp.config import TrainConfig
 
     if args.base_batch_size < 1:
@@ -195,10 +194,8 @@ def configs(args) -> list:
     # Every other field has a flag of its name: a field without one fails here, loudly.
     shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
               if f.name not in ("devices", "batch_size", "lr", "options")}
-    runs = [TrainConfig(**shared, options=model_options(args), devices=k, batch_size=b, lr=lr)
+    return [TrainConfig(**shared, options=model_options(args), devices=k, batch_size=b, lr=lr)
             for k, b, lr in zip(args.devices, batch_sizes, lrs)]
-    models.model_options(args.model, runs[0].options, args.backend)
-    return runs
 
 
 def load_data(args):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.flatten_util import ravel_pytree
 
-from jax_dp.backends import check_allreduce
+from jax_dp.backends.base import check_allreduce
 from jax_dp.errors import ParamError
 from jax_dp.parallel import AXIS, allreduce, allreduce_flat
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_dp.backends import Backend
+from jax_dp.backends.base import Backend
 from jax_dp.models.model import Model
 from jax_dp.parallel import allreduce, allreduce_flat, reduced
 

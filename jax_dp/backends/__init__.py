@@ -2,71 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from jax_dp.errors import ParamError, check_choice
+from jax_dp.backends.base import ALLREDUCES, BACKENDS, Backend, check_allreduce
+from jax_dp.errors import check_choice
 
 if TYPE_CHECKING:
     import jax
 
-# pmap is the book's; single, one device with no collectives, is the reference.
-BACKENDS = ("pmap", "shard_map", "jit", "single")
-# How gradients are summed: lax.psum, or jax_dp.allreduce's hand-made star and ring.
-ALLREDUCES = ("psum", "star", "ring")
-
-
-def check_allreduce(name: str, backend: str) -> None:
-    """Refuse an unknown all-reduce, and a hand-made one (written for pmap's axis) elsewhere."""
-    check_choice("allreduce", name, ALLREDUCES)
-    if name != "psum" and backend != "pmap":
-        raise ParamError(("allreduce", "backend"), f"{{}} {name} is written for the pmap "
-                         "backend; use {} pmap")
-
-
-class Backend:
-    """How state and batches are placed on devices, and how a per-shard step is compiled.
-
-    compile(fn) takes fn written for one shard (collectives over `axis_name`) whose last
-    argument is split over the devices and whose others are replicated, and returns it
-    to call on placed values. replicate puts one copy of a host tree on every device,
-    unreplicate reads one copy back; to_host and from_host move a placed tree whole,
-    every device's copy included (they differ only where each device holds its own).
-    """
-    name: str
-    axis_name: str | None
-
-    def __init__(self, devices: Sequence[jax.Device]):
-        self.devices = tuple(devices)
-
-    def replicate(self, tree: Any) -> Any:
-        raise NotImplementedError
-
-    def shard(self, batch: Any) -> Any:
-        raise NotImplementedError
-
-    def unreplicate(self, tree: Any) -> Any:
-        raise NotImplementedError
-
-    def compile(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> Callable:
-        """fn compiled for these devices."""
-        raise NotImplementedError
-
-    def to_host(self, tree: Any) -> Any:
-        """A placed tree on the host, every device's copy included."""
-        return self.unreplicate(tree)
-
-    def from_host(self, tree: Any) -> Any:
-        """to_host's result placed back."""
-        return self.replicate(tree)
-
-    def precompile(self, compiled: Callable, *args) -> Callable:
-        """compiled (compile's result) compiled ahead of time for args like these."""
-        return compiled.lower(*args).compile()
+__all__ = ["ALLREDUCES", "BACKENDS", "Backend", "check_allreduce", "make_backend"]
 
 
 def make_backend(name: str, devices: Sequence[jax.Device]) -> Backend:
     """The backend called name ('single', 'pmap', 'shard_map', 'jit') over devices."""
-    from jax_dp.backends import jit, pmap, shard_map, single
+    from jax_dp.backends import jit, pmap, shard_map, single  # JAX starts to load here.
 
     makers = {"single": single.Single, "pmap": pmap.Pmap, "shard_map": shard_map.ShardMap,
               "jit": jit.Jit}

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_dp.backends import Backend
+from jax_dp.backends.base import Backend
 from jax_dp.parallel import AXIS
 
 

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from jax_dp import parallel
-from jax_dp.backends import Backend
+from jax_dp.backends.base import Backend
 
 
 class Pmap(Backend):

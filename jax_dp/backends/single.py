@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from jax_dp.backends import Backend
+from jax_dp.backends.base import Backend
 
 
 class Single(Backend):

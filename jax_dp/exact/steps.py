@@ -9,7 +9,7 @@ import jax
 import optax
 from jax import lax
 
-from jax_dp.backends import Backend
+from jax_dp.backends.base import Backend
 from jax_dp.backends.shard_map import ShardMap
 from jax_dp.config import MICRO_BATCHES
 from jax_dp.errors import ParamError
