@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+
+from experiments import outputs
 from typing import Callable
 
 
@@ -288,12 +290,7 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
     for a plot, also when matplotlib cannot write its format."""
     if path is None:
         return
-    folder = path.parent if str(path.parent) else Path(".")
-    writable = os.access(path if path.exists() else folder, os.W_OK)
-    if path.is_dir() or not folder.is_dir() or not writable:
-        why = ("it is a folder" if path.is_dir() else f"no folder {folder}" if not folder.is_dir()
-               else "permission denied")
-        raise ValueError(f"cannot write {path} ({why}): pass a writable path")
+    outputs.check(path)
     if plot:
         from experiments.measure import plots
 
@@ -301,8 +298,6 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
 
 
 def write_json(path: Path | None, payload: dict) -> None:
-    """Write payload as indented JSON when a path was given, replacing the file in one step."""
+    """Write payload as indented JSON when a path was given, whole (experiments.outputs)."""
     if path is not None:
-        part = path.with_name(path.name + ".part")
-        part.write_text(json.dumps(payload, indent=2) + "\n")
-        part.replace(path)
+        outputs.write(path, (json.dumps(payload, indent=2) + "\n").encode())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Callable
@@ -172,16 +174,28 @@ def _reason(e: Exception) -> str:
 
 def _lock(directory: Path):
     """An exclusive flock on directory/.lock, holding this process's id; refused if another holds it.
-    The kernel frees it when its holder ends, killed or not."""
+    The kernel frees it when its holder ends, killed or not. The lock is opened without following
+    a symbolic link, and only a regular file of its own is ever written: a planted link, FIFO or
+    hard link is refused and left as it is."""
+    path = directory / ".lock"
     try:
-        f = open(directory / ".lock", "a+")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ParamError("checkpoint_dir", f"{path} is a symbolic link, not a lock of this "
+                             "project's: remove it, or pass another {}") from None
         raise ParamError("checkpoint_dir", f"cannot write checkpoints to {directory} "
                          f"({e.strerror}): pass a writable {{}}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        what = "a hard link" if stat.S_ISREG(info.st_mode) else "not a regular file"
+        raise ParamError("checkpoint_dir", f"{path} is {what}, not a lock of this project's: "
+                         "remove it, or pass another {}")
+    f = os.fdopen(fd, "r+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
         holder = f.read().strip() or "unknown"
         f.close()
         raise ParamError("checkpoint_dir", f"{directory} is in use by another run (process "

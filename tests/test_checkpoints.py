@@ -90,6 +90,24 @@ def test_a_damaged_newest_step_is_reported_kept_and_the_run_resumes_from_the_one
     assert again[1] == f"resuming from {directory} at epoch 3, step 0"
 
 
+def test_of_many_steps_the_resume_takes_the_newest_intact_one(tmp_path, straight, monkeypatch):
+    """Catches a fallback to the oldest intact step, or to any but the newest: of steps 1-8, 8 and
+    7 damaged, the run resumes from 6 (not 1) and ends as the straight run."""
+    real = checkpoint._manager
+    monkeypatch.setattr(checkpoint, "_manager", lambda directory, keep: real(directory, None))
+    train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1),
+                log=quiet)
+    monkeypatch.undo()
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == list(range(1, 9))
+    DAMAGES["manifest removed"](tmp_path / str(LAST))
+    DAMAGES["metadata removed"](tmp_path / str(LAST - 1))
+    run, lines = resumed(tmp_path)
+    assert lines[1].endswith(f"resuming from step {LAST - 2}") and lines[2].endswith(
+        f"resuming from step {LAST - 2}")
+    assert lines[3] == f"resuming from {tmp_path} at epoch 2, step 2"
+    assert_same_run(run, straight)
+
+
 def test_with_no_intact_step_the_resume_is_refused_in_one_line_and_nothing_moves(saved, tmp_path):
     directory = copy_of(saved, tmp_path)
     DAMAGES["manifest removed"](directory / str(LAST))

@@ -1,5 +1,7 @@
 """The train step: k devices equal one, replicas agree, evaluation counts everything."""
 
+import itertools
+
 import chex
 import jax
 import numpy as np
@@ -101,3 +103,22 @@ def test_run_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(ParamError) as e:
         RunOptions(**options)
     assert str(e.value) == message
+
+
+def test_each_epoch_has_its_own_order_fixed_by_the_key_and_the_epoch():
+    """Catches every epoch shuffled alike (the resume tests compare runs that would share the
+    bug): consecutive epochs' orders differ, each a permutation that the key and epoch fix, and
+    the run loop trains each epoch in its own."""
+    config = TrainConfig(batch_size=16, epochs=3, train_examples=64, test_examples=16)
+    key = jax.random.key(config.seed)
+    orders = [train.epoch_order(config, key, epoch) for epoch in range(3)]
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(64))
+    assert not any(np.array_equal(a, b) for a, b in itertools.combinations(orders, 2))
+    assert np.array_equal(train.epoch_order(config, key, 1), orders[1])
+    assert not np.array_equal(train.epoch_order(config, jax.random.key(1), 1), orders[1])
+    seen = {}
+    split = data.Split(np.zeros((64, 28, 28, 1), np.float32), np.zeros(64, np.int32))
+    train.train(config, split, data.Split(split.images[:16], split.labels[:16]), log=lambda _: None,
+                on_step=lambda position: seen.setdefault(position.epoch, position.order))
+    assert [seen[epoch].tolist() for epoch in range(3)] == [order.tolist() for order in orders]

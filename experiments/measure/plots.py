@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+
+from experiments import outputs
 
 
 def pyplot():
@@ -109,7 +112,7 @@ def _throughput(plt, ax, groups: dict[str, list[dict]], baselines: dict[str, flo
 def save(plt, fig, path: Path) -> None:
     """Write fig to path in the format its suffix names (none: PNG), whole or not at all."""
     fig.tight_layout()
-    part = Path(path).with_name(Path(path).name + ".part")
-    fig.savefig(part, dpi=120, format=Path(path).suffix[1:] or "png")
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, format=Path(path).suffix[1:] or "png")
     plt.close(fig)
-    part.replace(path)
+    outputs.write(Path(path), image.getvalue())
