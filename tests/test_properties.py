@@ -14,7 +14,6 @@ from helpers import torch_sgd_step
 
 from experiments.measure import parity
 from jax_dp import data, models, parallel, step as step_lib, train
-from jax_dp.models.lenet import lenet
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -55,7 +54,9 @@ def test_allreduce_on_k_devices_equals_the_numpy_sum(k, shape, seed):
 
 
 def summed_loss(params, x, y):
-    return optax.softmax_cross_entropy_with_integer_labels(lenet(params, x), y).sum()
+    """The cross-entropy summed over the batch, with the convolutions the step's LeNet uses."""
+    logits = LENET.apply(params, {}, x, None, train=True, axis_name=None)[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
 
 
 @pytest.mark.parametrize("k", [2, 4])

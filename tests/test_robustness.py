@@ -303,7 +303,7 @@ OTHER_VALUES = {"model": "resnet18", "backend": "shard_map", "allreduce": "ring"
 
 def test_every_field_and_model_option_has_a_value_to_resume_with():
     assert set(OTHER_VALUES) == {f.name for f in dataclasses.fields(TrainConfig)} - {"options"} \
-        | {option.name for option in models.model_module(RUN.model).OPTIONS}
+        | {option.name for option in models.declared(models.model_module(RUN.model))}
 
 
 @pytest.mark.parametrize("field", sorted(OTHER_VALUES))
