@@ -71,9 +71,10 @@ def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train_
 
 
 def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fashion_train_6k):
+    """On the narrow ResNet (ResNet-18's code; tests/test_resnet.py checks ResNet-18 itself)."""
     head = data.Split(fashion_train_6k.images[:16], fashion_train_6k.labels[:16])
     batch = next(data.batches(head, 16))
-    result = parity.compare(models.get_model("resnet18", activation="softplus"), [batch],
+    result = parity.compare(models.get_model("tests.tiny_resnet", activation="softplus"), [batch],
                             [parity.Config("pmap", k) for k in (2, 8)], lr=0.1)
     # Params and BatchNorm statistics; sums over 16 x 28 x 28 values in k parts.
     assert [r["max_rel_diff"] <= 1e-6 for r in result["runs"][1:]] == [True] * 2
