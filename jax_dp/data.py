@@ -42,13 +42,23 @@ def _prepared_builder(data_dir, source_dir):
     except OSError as e:
         raise ParamError("data_dir", f"cannot prepare Fashion-MNIST in {data_dir} ({e.strerror}): "
                          "pass a writable {} (or set TFDS_DATA_DIR)") from None
+    except RuntimeError as e:  # TFDS's own report of a write that failed (a full disk).
+        reason = "No space left on device" if "No space left" in str(e) else " ".join(
+            str(e).split())[:120]
+        raise ParamError("data_dir", f"cannot prepare Fashion-MNIST in {data_dir} ({reason}): "
+                         "free some space, or pass another {} (or set TFDS_DATA_DIR)") from None
+
+
+def _lock_path(data_dir) -> Path:
+    """The lock a preparation holds until its files and their checksums are written."""
+    return Path(data_dir) / ".fashion_mnist_idx.lock"
 
 
 def _prepare(data_dir, source_dir):
     import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to prepare.
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(data_dir) / ".fashion_mnist_idx.lock", "w") as lock:
+    with open(_lock_path(data_dir), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Processes started together (test workers, ranks) prepare once.
         # A new builder sees what another process prepared while this one waited.
         builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
@@ -58,6 +68,7 @@ def _prepare(data_dir, source_dir):
             tfds.disable_progress_bar()
             builder.download_and_prepare(
                 download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
+            record_checksums(Path(builder.data_dir))
     return builder
 
 
@@ -84,40 +95,53 @@ def _tfds_builder(data_dir):
                          f"needs the network, which is not reachable: use {{}} debian (offline)")
     try:
         builder.download_and_prepare()
+        record_checksums(Path(builder.data_dir))
     except Exception as e:  # TFDS raises many kinds; the user needs one line.
         raise ParamError("data", f"TFDS could not download fashion_mnist ({type(e).__name__}); "
                          "use {} debian offline") from None
     return builder
 
 
-CHECKSUMS = "sha256.json"  # Beside the prepared files: what each held when it was prepared.
+CHECKSUMS = "sha256.json"  # Beside the prepared files: what the preparation wrote.
 
 
-def check_prepared(folder: Path, split: str) -> None:
-    """Refuse a prepared split whose files differ from what was recorded when they were first
-    read (each file's SHA-256, recorded then if the folder is writable)."""
-    files = sorted(folder.glob(f"*-{split}.array_record*"))
-    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-    record = folder / CHECKSUMS
+def record_checksums(folder: Path) -> None:
+    """Record the SHA-256 of every prepared file in folder: done by the preparing process alone,
+    once its files are written, before any run reads them."""
+    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+               for f in sorted(folder.glob("*.array_record*"))}
+    part = folder / f"{CHECKSUMS}.{os.getpid()}.part"
+    part.write_text(json.dumps(digests, indent=1) + "\n")
+    part.replace(folder / CHECKSUMS)
+
+
+def _recorded(record: Path) -> dict | None:
+    """The checksums in record; None if there is none."""
     try:
-        recorded = json.loads(record.read_text()) if record.exists() else {}
+        return json.loads(record.read_text()) if record.exists() else None
     except (ValueError, OSError) as e:
-        raise ParamError("data_dir", f"{record} cannot be read ({type(e).__name__}): delete it "
-                         "to record the prepared files' checksums anew") from None
-    for name, digest in digests.items():
-        if name not in recorded:
-            continue
-        if recorded[name] != digest:
-            raise ParamError("data_dir", f"{folder / name} has changed since it was prepared (its "
-                             f"SHA-256 is not the one recorded in {record}): delete {folder} "
-                             "and run again to prepare it anew")
-    if not set(digests) <= set(recorded):
-        try:  # Written whole or not at all: processes started together may both write it.
-            part = record.with_name(f"{record.name}.{os.getpid()}.part")
-            part.write_text(json.dumps({**recorded, **digests}, indent=1) + "\n")
-            part.replace(record)
-        except OSError:
-            pass  # A read-only folder prepared elsewhere: nothing recorded to check against.
+        raise ParamError("data_dir", f"{record} cannot be read ({type(e).__name__}): delete "
+                         f"{record.parent} and run again to prepare it anew") from None
+
+
+def check_prepared(folder: Path, split: str, lock: Path | None = None) -> None:
+    """Refuse a prepared split whose files are not what its preparation recorded (each file's
+    SHA-256), or that has no record. Where the record is missing, a preparation may still be
+    writing it: its lock is waited for first."""
+    record = folder / CHECKSUMS
+    recorded = _recorded(record)
+    if recorded is None and lock is not None and lock.exists():
+        with open(lock) as waiting:
+            fcntl.flock(waiting, fcntl.LOCK_SH)  # Until the preparer has written the record.
+        recorded = _recorded(record)
+    fix = f"delete {folder} and run again to prepare it anew"
+    if recorded is None:
+        raise ParamError("data_dir", f"{folder} holds prepared data without the checksums its "
+                         f"preparation records ({CHECKSUMS}): {fix}")
+    for path in sorted(folder.glob(f"*-{split}.array_record*")):
+        if recorded.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest():
+            raise ParamError("data_dir", f"{path} is not what was prepared (its SHA-256 is not the "
+                             f"one recorded in {record}): {fix}")
 
 
 def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
@@ -129,12 +153,18 @@ def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
     absl.logging.set_verbosity(absl.logging.FATAL)
     check_choice("data", source, DATA_SOURCES)
     builder = _prepared_builder(data_dir, source_dir) if source == "debian" else _tfds_builder(data_dir)
-    check_prepared(Path(builder.data_dir), split)
-    records = builder.as_data_source(split=split)
-    n = len(records) if limit is None else min(limit, len(records))
-    if n < 1:
+    folder = Path(builder.data_dir)
+    check_prepared(folder, split, _lock_path(data_dir) if source == "debian" else None)
+    if limit is not None and limit < 1:
         raise ParamError(f"{split}_examples", f"{{}} must be at least 1, got {limit}")
-    examples = records.__getitems__(range(n))
+    try:
+        records = builder.as_data_source(split=split)
+        n = len(records) if limit is None else min(limit, len(records))
+        examples = records.__getitems__(range(n))
+    except Exception as e:  # Riegeli and TFDS raise many kinds for a file they cannot parse.
+        raise ParamError("data_dir", f"cannot read the prepared {split} split in {folder} "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:100]}): delete "
+                         f"{folder} and run again to prepare it anew") from None
     images = np.stack([e["image"] for e in examples]).astype(np.float32) / 255.0
     labels = np.array([e["label"] for e in examples], np.int32)
     return Split(images, labels)

@@ -1,6 +1,7 @@
 """Fashion-MNIST as loaded, verified and batched."""
 
 import gzip
+import json
 import shutil
 import subprocess
 import sys
@@ -122,34 +123,87 @@ def test_processes_started_together_prepare_the_data_once(tmp_path, fashion_test
     assert sum("preparing Fashion-MNIST" in err for _, err in outs) == 1
 
 
+@pytest.fixture(scope="session")
+def freshly_prepared(tmp_path_factory):
+    """A TFDS data dir this session prepared from Debian's files (its checksums recorded by the
+    preparation), before any run read it."""
+    data_dir = tmp_path_factory.mktemp("prepared")
+    data._prepared_builder(data_dir, fashion_mnist.DEBIAN_DIR)
+    return data_dir
+
+
 @pytest.fixture
-def prepared_copy(tmp_path):
-    """A copy of the prepared TFDS data dir, with no checksums recorded yet."""
-    shutil.copytree(data.default_data_dir() / "fashion_mnist_idx", tmp_path / "fashion_mnist_idx")
-    (tmp_path / "fashion_mnist_idx" / "1.0.0" / data.CHECKSUMS).unlink(missing_ok=True)
+def prepared_copy(tmp_path, freshly_prepared):
+    """A copy of a freshly prepared TFDS data dir, its checksum record included."""
+    shutil.copytree(freshly_prepared / "fashion_mnist_idx", tmp_path / "fashion_mnist_idx")
     return tmp_path
 
 
-def test_a_prepared_file_that_changed_is_refused_naming_it(prepared_copy):
-    """Catches prepared data read unchecked: a byte flipped after the first load is named."""
-    data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)  # Records the checksums.
-    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
-    (path,) = folder.glob("*-test.array_record*")
+def flip_a_byte(path):
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 1
     path.write_bytes(bytes(raw))
-    data.load_fashion_mnist("train", data_dir=prepared_copy, limit=8)  # The other split is intact.
-    with pytest.raises(ValueError, match=rf"{path} has changed since it was prepared \(its SHA-256 "
-                                         rf"is not the one recorded in {folder / data.CHECKSUMS}\): "
+
+
+def test_the_preparation_records_what_it_wrote_before_any_run_reads_it(prepared_copy):
+    """Catches checksums taken at the first read, which vouch for whatever changed before it:
+    a byte flipped in the train split between preparing and the first run is refused."""
+    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
+    record = json.loads((folder / data.CHECKSUMS).read_text())
+    assert sorted(record) == sorted(p.name for p in folder.glob("*.array_record*"))
+    (path,) = folder.glob("*-train.array_record*")
+    flip_a_byte(path)
+    data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)  # The other split is intact.
+    with pytest.raises(ValueError, match=rf"{path} is not what was prepared \(its SHA-256 is not "
+                                         rf"the one recorded in {folder / data.CHECKSUMS}\): "
                                          rf"delete {folder} and run again to prepare it anew"):
+        data.load_fashion_mnist("train", data_dir=prepared_copy, limit=8)
+    assert json.loads((folder / data.CHECKSUMS).read_text()) == record  # Nothing re-recorded.
+
+
+def test_prepared_data_without_its_record_is_refused_not_vouched_for(prepared_copy):
+    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
+    (folder / data.CHECKSUMS).unlink()
+    with pytest.raises(ValueError, match=rf"{folder} holds prepared data without the checksums its "
+                                         rf"preparation records \(sha256.json\): delete {folder}"):
         data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)
+    assert not (folder / data.CHECKSUMS).exists()
+
+
+def test_a_prepared_file_that_cannot_be_parsed_is_one_line_with_the_fix(prepared_copy):
+    """A preparation that wrote a file Riegeli cannot read (its checksum then agrees)."""
+    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
+    (path,) = folder.glob("*-test.array_record*")
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    data.record_checksums(folder)
+    with pytest.raises(ValueError, match=rf"^cannot read the prepared test split in {folder} "
+                                         rf"\(.*\): delete {folder} and run again"):
+        data.load_fashion_mnist("test", data_dir=prepared_copy)
 
 
 def test_a_garbled_checksum_record_is_one_line_with_the_fix(prepared_copy):
     record = prepared_copy / "fashion_mnist_idx" / "1.0.0" / data.CHECKSUMS
     record.write_text("{garbage")
-    with pytest.raises(ValueError, match=rf"{record} cannot be read \(JSONDecodeError\): delete it"):
+    with pytest.raises(ValueError, match=rf"{record} cannot be read \(JSONDecodeError\): delete "
+                                         rf"{record.parent}"):
         data.load_fashion_mnist("test", data_dir=prepared_copy, limit=8)
+
+
+def test_a_full_disk_while_preparing_is_one_line_and_leaves_nothing_trusted(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(small)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    try:
+        for _ in range(2):  # A second run meets the same line, not half-prepared data.
+            with pytest.raises(ValueError, match=rf"^cannot prepare Fashion-MNIST in {small} \(No "
+                                                 r"space left on device\): free some space, or "
+                                                 r"pass another data_dir"):
+                data.load_fashion_mnist("test", data_dir=small, limit=8)
+        assert not list(small.rglob(data.CHECKSUMS))
+    finally:
+        subprocess.run(["umount", "--lazy", str(small)], check=True)
 
 
 def test_a_read_only_data_dir_that_holds_the_data_still_loads(prepared_copy, monkeypatch):
