@@ -54,6 +54,11 @@ def run(main: Callable[[argparse.Namespace], None],
         leave(128 + e.signum, f"{p.prog}: {e}{hint}")
     except KeyboardInterrupt:  # A SIGINT that the handlers above did not see (another thread's).
         leave(130, f"{p.prog}: interrupted (SIGINT)")
+    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError.
+        if not isinstance(e, MemoryError) and "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        leave(2, f"{p.prog}: error: out of memory during the run ({out_of_memory(e)}): pass a "
+                 f"smaller {p.flag('batch_size')}, or fewer --devices")
 
 
 def leave(code: int, line: str) -> None:
@@ -63,3 +68,9 @@ def leave(code: int, line: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def out_of_memory(e: BaseException) -> str:
+    """What an out-of-memory error says, in a few words (XLA's message's first line)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:120] + ("..." if len(text) > 120 else "")

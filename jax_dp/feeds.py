@@ -35,11 +35,13 @@ class HostBatches:
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.step = steps.train_batch
 
-    def compile(self, state, metrics, start: int) -> None:
-        """Compile the step ahead of time for this run's batches (all of one size: any start)."""
+    def compile(self, state, metrics, start: int) -> list:
+        """Compile the step ahead of time for this run's batches (all of one size: any start);
+        the compiled steps."""
         size = data.padded_size(self.batch_size, self.steps.pad_to)
         batch = self.steps.backend.shard(data.zero_batch(size, self.train_data.images.shape[1:]))
         self.step = self.steps.backend.precompile(self.steps.train_batch, state, metrics, batch)
+        return [self.step]
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (1, placed batch) pairs."""
@@ -65,8 +67,9 @@ class DeviceCalls:
         self.run = self.backend.compile(scanned(steps.train_step), donate_argnums=(0,))
         self.compiled: dict[int, Callable] = {}  # Steps in a call -> its compiled run.
 
-    def compile(self, state, metrics, start: int) -> None:
-        """Compile a call for each number of steps the epoch's calls take, a resumed one's too."""
+    def compile(self, state, metrics, start: int) -> list:
+        """Compile a call for each number of steps the epoch's calls take, a resumed one's too;
+        the compiled calls."""
         size = data.padded_size(self.batch_size, self.pad_to)
         per_epoch = data.num_batches(len(self.train_data.labels), self.batch_size,
                                      self.drop_remainder)
@@ -74,7 +77,8 @@ class DeviceCalls:
                    for first in range(begin, per_epoch, self.steps_per_call)}
         self.compiled = {n: self.backend.precompile(self.run, state, metrics, self.examples,
                                                     self.backend.shard(_zero_call(size, n)))
-                      for n in lengths}
+                         for n in lengths}
+        return list(self.compiled.values())
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (steps, placed call) pairs."""

@@ -12,7 +12,7 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, feeds
+from jax_dp import dispatch, feeds, memory
 from jax_dp import allreduce
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer
@@ -154,11 +154,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                 f"step {position.step}")
         per_epoch = steps_per_epoch(config)
         start_time = time.perf_counter()
-        feed.compile(state, metrics, position.step)
+        compiled = feed.compile(state, metrics, position.step)
         eval_batch = backend.shard(data_lib.zero_batch(
             data_lib.padded_size(config.batch_size, steps.pad_to), test_data.images.shape[1:]))
         steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics,
                                                            eval_batch))
+        local = [d for d in backend.devices if d.process_index == jax.process_index()]
+        memory.check_fits([*compiled, steps.evaluate], local, config.batch_size, steps.pad_to)
         compile_s = time.perf_counter() - start_time
 
         def summary() -> dict:  # Reads position when called: the history so far.
