@@ -9,7 +9,7 @@ from typing import Any
 
 from jax_dp.backends.base import BACKENDS, check_allreduce
 from jax_dp.errors import ParamError, check_choice
-from jax_dp.models import MODELS, model_options
+from jax_dp.models import MODELS
 
 DATA_SOURCES = ("debian", "tfds")
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
@@ -24,8 +24,8 @@ class TrainConfig:
     Where things are (data and checkpoint folders) and how the run is watched (progress,
     timeouts, checkpoint interval) are not part of it; the data's content is checked by
     hash whatever folder it comes from. `options` are the model's own (its module's
-    OPTIONS): models.model_options checks them, with the model's own check, and fills in the
-    defaults here.
+    OPTIONS; models.model_options checks them, with the model's own check, and fills in the
+    defaults when a run starts: importing the model here would import JAX).
     """
     model: str = "lenet"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -79,7 +79,6 @@ class TrainConfig:
             raise ParamError(("batch_size", "train_examples"), f"{{}} {self.batch_size} is more than "
                              f"the {self.train_examples} training examples ({{}}): pass at most "
                              f"{self.train_examples}")
-        object.__setattr__(self, "options", model_options(self.model, self.options, self.backend))
 
     def fields(self) -> dict:
         """Every field in order, the model's options in place of `options`."""

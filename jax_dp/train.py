@@ -20,7 +20,7 @@ from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.exact import steps as exact_steps
-from jax_dp.models import auto_choices, get_model
+from jax_dp.models import auto_choices, get_model, model_options
 from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
 
 
@@ -132,6 +132,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       host (replica 0)}.
     """
     _check_data(config, train_data, test_data)
+    config = dataclasses.replace(config, options=model_options(config.model, config.options,
+                                                               config.backend))
     steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
     platform = jax.default_backend()
     chosen = auto_choices(config.options, platform)
