@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from experiments import outputs
+from jax_dp import files
 from typing import Callable
 
 
@@ -290,7 +290,7 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
     for a plot, also when matplotlib cannot write its format."""
     if path is None:
         return
-    outputs.check(path)
+    files.check(path)
     if plot:
         from experiments.measure import plots
 
@@ -300,4 +300,4 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
 def write_json(path: Path | None, payload: dict) -> None:
     """Write payload as indented JSON when a path was given, whole (experiments.outputs)."""
     if path is not None:
-        outputs.write(path, (json.dumps(payload, indent=2) + "\n").encode())
+        files.write(path, (json.dumps(payload, indent=2) + "\n").encode())

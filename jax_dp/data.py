@@ -15,7 +15,7 @@ import absl.logging
 import jax
 import numpy as np
 
-from jax_dp import fashion_mnist
+from jax_dp import fashion_mnist, files
 from jax_dp.config import DATA_SOURCES
 from jax_dp.errors import ParamError, check_choice
 
@@ -110,9 +110,7 @@ def record_checksums(folder: Path) -> None:
     once its files are written, before any run reads them."""
     digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
                for f in sorted(folder.glob("*.array_record*"))}
-    part = folder / f"{CHECKSUMS}.{os.getpid()}.part"
-    part.write_text(json.dumps(digests, indent=1) + "\n")
-    part.replace(folder / CHECKSUMS)
+    files.write(folder / CHECKSUMS, (json.dumps(digests, indent=1) + "\n").encode())
 
 
 def _recorded(record: Path) -> dict | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from experiments import outputs
+from jax_dp import files
 
 
 def pyplot():
@@ -115,4 +115,4 @@ def save(plt, fig, path: Path) -> None:
     image = io.BytesIO()
     fig.savefig(image, dpi=120, format=Path(path).suffix[1:] or "png")
     plt.close(fig)
-    outputs.write(Path(path), image.getvalue())
+    files.write(Path(path), image.getvalue())

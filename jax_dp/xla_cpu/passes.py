@@ -13,6 +13,8 @@ import functools
 import json
 from pathlib import Path
 
+from jax_dp import files
+
 # The formulations of each pass (jax_dp.xla_cpu.conv): XLA's convolution ("conv"), or
 #   forward: "taps", one matrix product of the input's windows (its shifted slices side by
 #     side) against the kernel;
@@ -44,8 +46,6 @@ def formulation(passes: Table, platform: str, name: str, key: str) -> str:
 
 
 def write(passes: Table, path: Path = PATH) -> None:
-    """Write passes as the table's JSON, replacing the file in one step."""
-    part = Path(path).with_name(Path(path).name + ".part")
-    part.write_text(json.dumps(passes, indent=2, sort_keys=True) + "\n")
-    part.replace(path)
+    """Write passes as the table's JSON, whole (jax_dp.files)."""
+    files.write(Path(path), (json.dumps(passes, indent=2, sort_keys=True) + "\n").encode())
     table.cache_clear()

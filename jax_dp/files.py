@@ -1,4 +1,4 @@
-"""Whole-file outputs (JSON, plots) that touch only the file the user named.
+"""Whole-file outputs (JSON, plots, tables) that touch only the file the user named.
 
 A path that is a regular file, or nothing yet, is replaced in one step (a new file beside it,
 renamed over it), so a reader never sees half of it. A symbolic link is followed to its target,

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from experiments import outputs
+from jax_dp import files
 from jax_dp import checkpoint
 from jax_dp.errors import ParamError
 
@@ -16,7 +16,7 @@ def test_a_regular_file_is_replaced_whole_and_keeps_its_mode(tmp_path):
     path = tmp_path / "out.json"
     path.write_text("old")
     path.chmod(0o640)
-    outputs.write(path, b"new")
+    files.write(path, b"new")
     assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # No part file left.
 
@@ -25,8 +25,8 @@ def test_a_symlink_is_followed_to_its_target_and_stays_a_link(tmp_path):
     target, link = tmp_path / "real.json", tmp_path / "link.json"
     target.write_text("old")
     link.symlink_to(target)
-    outputs.check(link)
-    outputs.write(link, b"new")
+    files.check(link)
+    files.write(link, b"new")
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_bytes() == b"new"
 
@@ -37,8 +37,8 @@ def test_a_fifo_is_written_through_to_its_reader_and_kept(tmp_path):
     received = []
     reader = threading.Thread(target=lambda: received.append(open(fifo, "rb").read()))
     reader.start()
-    outputs.check(fifo)
-    outputs.write(fifo, b"payload")
+    files.check(fifo)
+    files.write(fifo, b"payload")
     reader.join(timeout=10)
     assert received == [b"payload"] and stat.S_ISFIFO(fifo.stat().st_mode)
 
@@ -56,23 +56,23 @@ def device(tmp_path, name, minor):
 
 def test_a_device_is_written_through_and_never_replaced(tmp_path):
     null = device(tmp_path, "null", 3)
-    outputs.check(null)
-    outputs.write(null, b"x" * 100)
+    files.check(null)
+    files.write(null, b"x" * 100)
     assert stat.S_ISCHR(null.stat().st_mode) and null.stat().st_rdev == os.makedev(1, 3)
 
 
 def test_a_full_device_is_one_line_and_stays_a_device(tmp_path):
     full = device(tmp_path, "full", 7)
     with pytest.raises(ValueError, match=rf"^cannot write {full} \(No space left on device\): "):
-        outputs.write(full, b"x")
+        files.write(full, b"x")
     assert stat.S_ISCHR(full.stat().st_mode)
 
 
 def test_a_folder_or_a_missing_folder_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="it is a folder"):
-        outputs.check(tmp_path)
+        files.check(tmp_path)
     with pytest.raises(ValueError, match="no folder"):
-        outputs.check(tmp_path / "missing" / "out.json")
+        files.check(tmp_path / "missing" / "out.json")
     assert list(tmp_path.iterdir()) == []
 
 
