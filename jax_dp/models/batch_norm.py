@@ -17,7 +17,7 @@ class BatchNorm(nn.Module):
     """BatchNorm whose training statistics cover the real rows of the whole global batch.
 
     In training, per-channel sums of x and x^2 over the rows with mask 1 are summed over
-    `axis_name` (one all-reduce), so k devices normalise with exactly the statistics one
+    `axis_name` (one all-reduce), so k devices normalise with the very statistics one
     device would compute on the global batch, and padded rows are ignored. With
     axis_name None each device uses its own shard's statistics (the book's behaviour).
     Running averages: r <- momentum * r + (1 - momentum) * batch statistic.

@@ -32,7 +32,7 @@ class Residual(nn.Module):
     @nn.compact
     def __call__(self, x, mask, train):
         # A convolution followed by BatchNorm gets no bias: BatchNorm subtracts the mean, so such
-        # a bias has an exactly zero gradient and would hold only round-off noise.
+        # a bias has a zero gradient and would hold only round-off noise.
         conv3 = partial(self.conv, self.channels, (3, 3), padding=1, use_bias=False)
         y = self.act(self.norm()(conv3(strides=self.strides)(x), mask, train))
         y = self.norm()(conv3()(y), mask, train)
