@@ -150,6 +150,12 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    "(default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, help="processes in the run ($JAX_NUM_PROCESSES)")
     p.add_argument("--process-id", type=int, help="this process's rank ($JAX_PROCESS_ID)")
+    p.add_argument("--coordinator-bind", metavar="HOST:PORT",
+                   help="where process 0's coordinator listens (default: the --coordinator "
+                        "address itself; JAX's runtime has no authentication, so keep the port "
+                        "out of reach of untrusted machines)")
+    p.add_argument("--start-timeout", type=float, default=60.0,
+                   help="seconds to wait for every process to join a multi-process run")
     p.add_argument("--data", default="debian", choices=config.DATA_SOURCES,
                    help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
     p.add_argument("--data-source", default="/usr/share/datasets/fashion-mnist",
@@ -225,8 +231,9 @@ def train_runs(args) -> None:
     use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].options)
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
-                          start=lambda: distributed.initialize(args.coordinator, args.num_processes,
-                                                               args.process_id))
+                          start=lambda: distributed.initialize(
+                              args.coordinator, args.num_processes, args.process_id,
+                              bind=args.coordinator_bind, timeout_s=args.start_timeout))
     primary = distributed.is_primary()
     if args.resume and args.checkpoint_dir:
         checkpoint.check_resumable(args.checkpoint_dir, runs_configs)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
+from typing import Callable
 
 import jax
+
+from jax_dp.errors import ParamError
 
 
 def requested_processes(num_processes: int | None = None) -> int:
@@ -14,12 +20,16 @@ def requested_processes(num_processes: int | None = None) -> int:
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None) -> bool:
+               process_id: int | None = None, *, bind: str | None = None,
+               timeout_s: float = 60.0) -> bool:
     """Join a multi-process run, if one is asked for; True when this process is in one.
 
     Values not given come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
     JAX_PROCESS_ID (what experiments.launch sets); under SLURM with several tasks, JAX
     finds them itself. Must run after simulating CPU devices, before any JAX operation.
+    Process 0's coordinator listens on bind (HOST:PORT; default the coordinator's own address,
+    so a loopback coordinator is not reachable from other machines). Joining takes at most
+    timeout_s seconds, then is refused in one line; a signal meanwhile is handled at once.
     """
     _check_count(num_processes)
     coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -37,9 +47,61 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                          "and --process-id I (or run it with python -m experiments.launch)")
     if not slurm and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
+    if not (timeout_s > 0):
+        raise ParamError("start_timeout", f"{{}} must be a positive number of seconds, got {timeout_s}")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes, process_id)
+    where = coordinator or "SLURM's coordinator"
+    # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
+    options = {"initialization_timeout": int(timeout_s) + 30}
+    if coordinator:
+        options["coordinator_bind_address"] = bind or coordinator
+        if process_id == 0:
+            _check_free(options["coordinator_bind_address"])
+    try:
+        _within(timeout_s, lambda: jax.distributed.initialize(coordinator, num_processes,
+                                                               process_id, **options))
+    except TimeoutError:
+        raise ParamError("start_timeout", f"process {process_id} could not join the run at {where} "
+                         f"within {timeout_s:g} s: start all {num_processes} processes with the "
+                         "same --coordinator, or pass a longer {}") from None
+    except Exception as e:  # JAX's runtime reports a port in use or a refused peer so.
+        reason = " ".join(str(e).split())[:160]
+        raise ValueError(f"cannot join the run at {where} ({type(e).__name__}: {reason}): pass "
+                         "a free port in --coordinator, reachable from every process") from None
     return True
+
+
+def _check_free(address: str) -> None:
+    """Refuse a coordinator address whose port is taken (JAX's runtime crashes on it)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_server((host.strip("[]"), int(port)), reuse_port=False):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot start the coordinator at {address} "
+                         f"({os.strerror(e.errno)}): pass a free port in --coordinator") from None
+
+
+def _within(seconds: float, start: Callable[[], object]) -> None:
+    """start() in a thread of its own, waited for at most seconds (TimeoutError after): the
+    main thread keeps running Python, so the handlers of SIGINT and SIGTERM run at once."""
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            start()
+        except BaseException as e:  # Handed to the waiting thread.
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="jax-distributed-start", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + seconds
+    while thread.is_alive():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        thread.join(0.1)
+    if errors:
+        raise errors[0]
 
 
 def _check_count(num_processes: int | None) -> None:

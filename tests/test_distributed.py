@@ -1,12 +1,16 @@
 """Several processes, one run: 2 processes x 2 CPU devices train like 1 process x 4."""
 
 import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from experiments.launch import free_port
 from experiments.measure import parity
 from helpers import latest_checkpoint
 
@@ -80,3 +84,68 @@ def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
     proc = lenet("--devices", "3", processes=2)
     assert proc.returncode == 2
     assert "--devices 3 does not split over 2 processes" in proc.stderr
+
+
+def rank(process_id, port, *flags, timeout="4"):
+    """One rank of a 2-process run started by hand, as on two hosts."""
+    return [sys.executable, "-m", "experiments.lenet", *FLAGS, "--coordinator",
+            f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(process_id),
+            "--start-timeout", timeout, *flags]
+
+
+@pytest.mark.parametrize("process_id", [0, 1])
+def test_a_peer_or_coordinator_that_never_comes_ends_the_start_in_one_line(process_id):
+    """Process 0 whose peer never starts, and process 1 whose coordinator never listens: JAX
+    waited 300 s, then aborted in C++ with a stack trace."""
+    port = free_port()
+    start = time.monotonic()
+    proc = subprocess.run(rank(process_id, port), capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == (f"python -m experiments.lenet: error: process {process_id} could not "
+                           f"join the run at 127.0.0.1:{port} within 4 s: start all 2 processes "
+                           "with the same --coordinator, or pass a longer --start-timeout\n")
+
+
+def test_a_coordinator_port_in_use_is_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(rank(0, port), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == (f"python -m experiments.lenet: error: cannot start the coordinator at "
+                           f"127.0.0.1:{port} (Address already in use): pass a free port in "
+                           "--coordinator\n")
+
+
+def listening(port):
+    """The local addresses (hex, as /proc/net/tcp* write them) that listen on port."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:
+                found.append(address)
+    return found
+
+
+def test_the_coordinator_listens_on_loopback_only_and_a_signal_ends_the_wait():
+    """JAX's coordinator listened on every interface (*:PORT), without authentication."""
+    port = free_port()
+    proc = subprocess.Popen(rank(0, port, timeout="120"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not listening(port) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        # 127.0.0.1 only (IPv4, or IPv4-mapped in IPv6's table): no 0.0.0.0, no [::].
+        assert listening(port) and set(listening(port)) <= {"0100007F",
+                                                             "0000000000000000FFFF00000100007F"}
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and err == "python -m experiments.lenet: interrupted (SIGTERM)\n"
