@@ -43,7 +43,8 @@ def lenet_calls(sizes: dict, train_data, test_data) -> list[dict]:
     for n in sizes["calls"]:
         config = TrainConfig(devices=1, batch_size=sizes["lenet_batch"], epochs=1,
                              train_examples=len(train_data.labels), test_examples=len(test_data.labels))
-        run = train.train(config, train_data, test_data, RunOptions(steps_per_call=n), log=lambda _: None)
+        run = train.train(config, train_data, test_data,
+                          RunOptions(steps_per_call=n), log=lambda _: None)
         epoch_s = run["epochs"][0]["time_s"]
         rows.append({"steps_per_call": n, "epoch_s": epoch_s, "compile_s": run["compile_s"],
                      "images_per_s": len(train_data.labels) / epoch_s,

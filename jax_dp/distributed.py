@@ -48,7 +48,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if not slurm and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
     if not (timeout_s > 0):
-        raise ParamError("start_timeout", f"{{}} must be a positive number of seconds, got {timeout_s}")
+        raise ParamError("start_timeout", f"{{}} must be a positive number of seconds, got "
+                         f"{timeout_s}")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or "SLURM's coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.

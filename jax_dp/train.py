@@ -171,7 +171,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
-        in_flight = dispatch.InFlight(timeout_s=run.step_timeout and run.step_timeout * steps_per_call)
+        timeout_s = run.step_timeout and run.step_timeout * steps_per_call  # Per call.
+        in_flight = dispatch.InFlight(timeout_s=timeout_s)
         with dispatch.stop_requests() as stop:
             while position.epoch < config.epochs:
                 # A resumed epoch's earlier steps count too.

@@ -35,7 +35,8 @@ def straight():
 def saved(tmp_path_factory):
     """A folder of RUN checkpointed every step: steps 7 and 8 are kept."""
     directory = tmp_path_factory.mktemp("saved")
-    train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(directory), checkpoint_every=1), log=quiet)
+    train.train(RUN, SPLIT, SPLIT,
+                RunOptions(checkpoint_dir=str(directory), checkpoint_every=1), log=quiet)
     assert sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) == [LAST - 1, LAST]
     return directory
 
@@ -62,7 +63,8 @@ DAMAGES = {
 
 def resumed(directory):
     lines = []
-    run = train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(directory), resume=True), log=lines.append)
+    run = train.train(RUN, SPLIT, SPLIT,
+                      RunOptions(checkpoint_dir=str(directory), resume=True), log=lines.append)
     return run, lines
 
 
@@ -138,7 +140,8 @@ def test_a_full_disk_is_one_line_naming_the_folder(tmp_path, monkeypatch):
         raise ValueError("RESOURCE_EXHAUSTED: Failed writing: No space left on device [os_error_code='28']")
     monkeypatch.setattr(ocp.CheckpointManager, "save", full)
     with pytest.raises(ParamError) as e:
-        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1), log=quiet)
+        train.train(RUN, SPLIT, SPLIT,
+                    RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1), log=quiet)
     assert str(e.value) == (
         f"cannot save a checkpoint in {tmp_path} (ValueError: RESOURCE_EXHAUSTED: Failed writing: No "
         "space left on device [os_error_code='28']): free some space, or pass another checkpoint_dir")
@@ -150,10 +153,12 @@ def test_a_folder_in_use_is_refused_naming_the_holder_and_freed_when_it_ends(tmp
                                          rf"{os.getpid()}\): wait for it to end, or pass another "):
         train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
     holder.close()
-    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
+    train.train(dataclasses.replace(RUN, epochs=1), SPLIT, SPLIT,
+                RunOptions(checkpoint_dir=str(tmp_path)), log=quiet)
     checkpoint._lock(tmp_path).close()  # A run that ended leaves the folder free ...
     with pytest.raises(ParamError, match="cannot resume"):
-        train.train(dataclasses.replace(RUN, lr=0.3), SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), resume=True), log=quiet)
+        train.train(dataclasses.replace(RUN, lr=0.3), SPLIT, SPLIT,
+                    RunOptions(checkpoint_dir=str(tmp_path), resume=True), log=quiet)
     checkpoint._lock(tmp_path).close()  # ... and so does one that failed.
 
 

@@ -171,5 +171,6 @@ def test_steps_per_call_keep_the_bits(fashion_train_6k):
     split = data.Split(fashion_train_6k.images[:600], fashion_train_6k.labels[:600])
     config = TrainConfig(exact=True, devices=2, batch_size=64, lr=0.1, epochs=1,
                          train_examples=600, test_examples=600)
-    runs = [train.train(config, split, split, RunOptions(steps_per_call=n), log=lambda _: None) for n in (1, 3)]
+    runs = [train.train(config, split, split,
+                        RunOptions(steps_per_call=n), log=lambda _: None) for n in (1, 3)]
     assert bits(runs[0]["state"]) == bits(runs[1]["state"])

@@ -61,7 +61,8 @@ def test_n_steps_per_call_equal_n_calls_of_one_step_bit_for_bit(one_step_per_cal
     The reported train loss is the one exception: no update depends on its value, and XLA:CPU
     compiles the loss differently inside a loop under pmap (a step's loss sum moved by 1e-7,
     measured), so it agrees to float32 round-off; counts and accuracies are exact."""
-    many = train.train(dataclasses.replace(RUN, backend=backend, devices=k), SPLIT, SPLIT, RunOptions(steps_per_call=PER_CALL), log=quiet)
+    many = train.train(dataclasses.replace(RUN, backend=backend, devices=k), SPLIT, SPLIT,
+                       RunOptions(steps_per_call=PER_CALL), log=quiet)
     single = one_step_per_call[backend]
     assert_bitwise_equal(many["state"], single["state"])
     for a, b in zip(many["epochs"], single["epochs"], strict=True):
@@ -76,7 +77,8 @@ def test_resnet_steps_per_call_equal_single_steps_bit_for_bit():
                          test_examples=8)
     split = data.Split(SPLIT.images[:20], SPLIT.labels[:20])
     test = data.Split(SPLIT.images[:8], SPLIT.labels[:8])
-    runs = [train.train(config, split, test, RunOptions(steps_per_call=n), log=quiet)["state"] for n in (1, 2)]
+    runs = [train.train(config, split, test,
+                        RunOptions(steps_per_call=n), log=quiet)["state"] for n in (1, 2)]
     assert_bitwise_equal(*runs)
 
 

@@ -114,7 +114,9 @@ def test_a_non_finite_step_stops_training_naming_epoch_and_step(tmp_path, positi
     split = poisoned(tiny_split(), config, [position])
     with pytest.raises(train.NonFiniteError,
                        match=rf"non-finite at epoch 1, step {position // 8 + 1}; .*lower lr"):
-        train.train(config, split, tiny_split(), RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1, steps_per_call=steps_per_call), log=quiet)
+        train.train(config, split, tiny_split(),
+                    RunOptions(checkpoint_dir=str(tmp_path), checkpoint_every=1, steps_per_call=steps_per_call),
+                    log=quiet)
     last_good = (position // 8) // steps_per_call * steps_per_call  # The last call's end before it.
     if last_good == 0:
         with pytest.raises(AssertionError, match="no checkpoint"):
@@ -317,7 +319,8 @@ def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint,
     train_split = tiny_split(32) if field == "train_examples" else SPLIT
     test = data.Split(SPLIT.images[:32], SPLIT.labels[:32]) if field == "test_examples" else SPLIT
     with pytest.raises(ParamError) as e:
-        train.train(config, train_split, test, RunOptions(resume=True, checkpoint_dir=str(finished_checkpoint)), log=quiet)
+        train.train(config, train_split, test,
+                    RunOptions(resume=True, checkpoint_dir=str(finished_checkpoint)), log=quiet)
     old = models.model_options(RUN.model)[field] if field in ("conv", "activation", "conv_grads") else \
         getattr(RUN, field)
     assert f"was written with {field} {old!r}, this run has {field} {value!r}" in str(e.value)
@@ -393,7 +396,10 @@ def test_a_resumed_epoch_counts_the_seconds_its_steps_took_before_the_stop(tmp_p
         clock.now += 1.0
         stop(position)
     with pytest.raises(train.Interrupted):
-        train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path)), log=quiet, on_step=step)
+        train.train(RUN, SPLIT, SPLIT,
+                    RunOptions(checkpoint_dir=str(tmp_path)), log=quiet, on_step=step)
     assert latest_checkpoint(tmp_path)[2]["epoch_s"] == 2.0
-    times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT, RunOptions(checkpoint_dir=str(tmp_path), resume=True), log=quiet)["epochs"]]
+    times = [e["time_s"] for e in train.train(RUN, SPLIT, SPLIT,
+                                              RunOptions(checkpoint_dir=str(tmp_path), resume=True),
+                                              log=quiet)["epochs"]]
     assert times == [2.0, 0.0]
