@@ -235,6 +235,7 @@ def train_runs(args) -> None:
                               args.coordinator, args.num_processes, args.process_id,
                               bind=args.coordinator_bind, timeout_s=args.start_timeout))
     primary = distributed.is_primary()
+    distributed.check_same(runs_configs)
     if args.resume and args.checkpoint_dir:
         checkpoint.check_resumable(args.checkpoint_dir, runs_configs)
     train_data, test_data = load_data(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -9,6 +10,7 @@ import time
 from typing import Callable
 
 import jax
+import numpy as np
 
 from jax_dp.errors import ParamError
 
@@ -116,6 +118,43 @@ def _env_int(name: str) -> int | None:
         return None if value is None else int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def check_same(configs: list) -> None:
+    """Refuse, in one line naming the flags and processes, a multi-process run whose processes
+    were given other configs (each would apply its own lr to the same summed gradients, or
+    their collectives would not match). Every process's configs, as JSON in a buffer of one
+    fixed size, are gathered before any of training's collectives: this one has the same shape
+    in every process, whatever its config."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    text = json.dumps([c.fields() for c in configs], sort_keys=True).encode()
+    buffer = np.zeros(_CONFIG_BYTES, np.uint8)
+    buffer[:len(text)] = np.frombuffer(text[:_CONFIG_BYTES], np.uint8)
+    gathered = np.asarray(multihost_utils.process_allgather(buffer))
+    runs = [json.loads(bytes(row).rstrip(b"\0")) for row in gathered]
+    for rank, theirs in enumerate(runs):
+        if theirs != runs[0]:
+            names, words = _differences(runs[0], theirs)
+            raise ParamError(tuple(n for n in names for _ in range(2)), (
+                "processes disagree: " + "; ".join(f"{{}} {a} on process 0, {{}} {b} on process "
+                                                   f"{rank}" for a, b in words)
+                + ": start every process with the same flags"))
+
+
+_CONFIG_BYTES = 1 << 14  # A run's configs as JSON take well under 1 KB each.
+
+
+def _differences(ours: list[dict], theirs: list[dict]) -> tuple[list[str], list[tuple]]:
+    """The fields in which two processes' runs differ, and each value (the first run that does)."""
+    if len(ours) != len(theirs):
+        return ["devices"], [(f"{','.join(str(r['devices']) for r in ours)}",
+                              f"{','.join(str(r['devices']) for r in theirs)}")]
+    ours, theirs = next((a, b) for a, b in zip(ours, theirs) if a != b)
+    names = [k for k in ours if ours.get(k) != theirs.get(k)]
+    return names, [(ours.get(k), theirs.get(k)) for k in names]
 
 
 def is_primary() -> bool:

@@ -149,3 +149,22 @@ def test_the_coordinator_listens_on_loopback_only_and_a_signal_ends_the_wait():
     finally:
         proc.kill()
     assert proc.returncode == 143 and err == "python -m experiments.lenet: interrupted (SIGTERM)\n"
+
+
+@pytest.mark.parametrize("flag, values", [("--lr", ("0.2", "0.9")), ("--batch-size", ("64", "128"))])
+def test_processes_started_with_other_flags_are_refused_naming_them(flag, values):
+    """Different lrs trained to the end on the same summed gradients (a silently corrupted run);
+    different batch sizes aborted in gloo or hung. Both processes now end in one line."""
+    port = free_port()
+    procs = [subprocess.Popen(rank(r, port, flag, values[r], timeout="60"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    want = (f"python -m experiments.lenet: error: processes disagree: {flag} {values[0]} on "
+            f"process 0, {flag} {values[1]} on process 1: start every process with the same "
+            "flags\n")
+    assert [p.returncode for p in procs] == [2, 2], errs
+    assert errs == [want, want]
