@@ -26,10 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell reports it: a death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def launch(command: list[str], processes: int, port: int | None = None, env: dict | None = None,
            **popen) -> int:
     """Run command as processes ranks (env: theirs, default ours; popen: to subprocess.Popen);
-    the exit code is the first failure's, else 0."""
+    the exit code is the first failure's (128 + N for a rank killed by signal N), else 0."""
     address = f"127.0.0.1:{port or free_port()}"
     procs = [subprocess.Popen(command, env={**(os.environ if env is None else env),
                                             "JAX_COORDINATOR_ADDRESS": address,
@@ -46,14 +51,14 @@ def launch(command: list[str], processes: int, port: int | None = None, env: dic
                         p.send_signal(signal.SIGTERM)
                 for p in procs:
                     p.wait()
-                return failed[0]
+                return exit_code(failed[0])
             if all(c == 0 for c in codes):
                 return 0
             time.sleep(0.2)
     except KeyboardInterrupt:
         for p in procs:
             p.send_signal(signal.SIGINT)
-        return max(p.wait() for p in procs) or 130
+        return max(exit_code(p.wait()) for p in procs) or 130
 
 
 def main() -> None:

@@ -80,6 +80,16 @@ def test_the_launcher_stops_every_rank_and_passes_on_a_failure():
     assert proc.returncode == 3
 
 
+def test_a_rank_killed_by_a_signal_gives_the_launcher_the_shells_exit_code():
+    """A rank SIGKILLed made the launcher exit 247 (-9 passed to sys.exit); a shell says 137."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
+                           sys.executable, "-c",
+                           "import os, signal, time; r = int(os.environ['JAX_PROCESS_ID']); "
+                           "os.kill(os.getpid(), signal.SIGKILL) if r == 1 else time.sleep(600)"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + 9
+
+
 def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
     proc = lenet("--devices", "3", processes=2)
     assert proc.returncode == 2
