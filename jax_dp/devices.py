@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import jax
 
+from jax_dp import memory
 from jax_dp.errors import ParamError
 
 
@@ -26,21 +27,13 @@ def check_simulated(k: int, model_bytes: int = 0, available: int | None = None) 
                          f"threads): pass {MAX_SIMULATED} or fewer, or use more processes")
     if not model_bytes:
         return
-    available = _available_memory() if available is None else available
+    if available is None:  # Free for a new process (MemAvailable); unlimited if unknown.
+        available = memory.meminfo_bytes("MemAvailable") or 2**62
     fit = max(available - RESERVED_BYTES, 0) // (3 * model_bytes)
     if k > fit:
         raise ParamError("devices", f"{{}} {k} would hold {k} copies of a {model_bytes / 2**20:.0f}"
                          f" MB model, more than the {available / 2**30:.1f} GiB of free memory "
                          f"allow: pass {fit} or fewer")
-
-
-def _available_memory() -> int:
-    """Bytes of memory free for a new process (MemAvailable), or unlimited if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        return 2**62
 
 
 def check_count(k: int) -> None:

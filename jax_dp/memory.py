@@ -25,7 +25,7 @@ def free_bytes(device: jax.Device) -> int | None:
     """Bytes free for device: on CPU, the host's available memory within this process's
     address-space limit; elsewhere the device's own limit less what is in use."""
     if device.platform == "cpu":
-        free = _meminfo("MemAvailable")
+        free = meminfo_bytes("MemAvailable")
         limit = resource.getrlimit(resource.RLIMIT_AS)[0]
         if limit != resource.RLIM_INFINITY:
             free = min(free, limit - _status("VmSize")) if free is not None else limit
@@ -54,7 +54,8 @@ def check_fits(compiled: Sequence, devices: Sequence[jax.Device], batch_size: in
         f"has free: pass {{}} {fitting} or smaller"))
 
 
-def _meminfo(field: str) -> int | None:
+def meminfo_bytes(field: str) -> int | None:
+    """A field of /proc/meminfo in bytes (MemAvailable: free for a new process); None if unknown."""
     return _field(Path("/proc/meminfo"), field)
 
 
