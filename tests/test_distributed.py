@@ -71,23 +71,17 @@ def test_a_resnet_as_two_processes_trains_like_one_process(tmp_path):
     assert parity.max_rel_diff(two_state, one_state) == 0
 
 
-def test_the_launcher_stops_every_rank_and_passes_on_a_failure():
+@pytest.mark.parametrize("failure, code", [("sys.exit(3)", 3),
+                                           ("os.kill(os.getpid(), signal.SIGKILL)", 128 + 9)])
+def test_the_launcher_stops_every_rank_and_exits_as_a_shell_would(failure, code):
+    """The failing rank's code passes on, a death by signal N as 128 + N (a SIGKILLed rank made
+    the launcher exit 247, -9 passed to sys.exit)."""
     proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
                            sys.executable, "-c",
-                           "import os, sys, time; r = int(os.environ['JAX_PROCESS_ID']); "
-                           "sys.exit(3) if r == 1 else time.sleep(600)"],
+                           "import os, signal, sys, time; r = int(os.environ['JAX_PROCESS_ID']); "
+                           f"{failure} if r == 1 else time.sleep(600)"],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3
-
-
-def test_a_rank_killed_by_a_signal_gives_the_launcher_the_shells_exit_code():
-    """A rank SIGKILLed made the launcher exit 247 (-9 passed to sys.exit); a shell says 137."""
-    proc = subprocess.run([sys.executable, "-m", "experiments.launch", "--processes", "2", "--",
-                           sys.executable, "-c",
-                           "import os, signal, time; r = int(os.environ['JAX_PROCESS_ID']); "
-                           "os.kill(os.getpid(), signal.SIGKILL) if r == 1 else time.sleep(600)"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 128 + 9
+    assert proc.returncode == code
 
 
 def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
