@@ -243,9 +243,9 @@ def train_runs(args) -> None:
     log = print if primary else (lambda line: None)
     # Rewritten after every epoch, so a run stopped or killed keeps the epochs it finished.
     write = (lambda run: write_outputs(args, [*runs, run])) if primary else (lambda run: None)
-    for config in runs_configs:
-        ckpt = args.checkpoint_dir and \
-            f"{args.checkpoint_dir}/{config.devices}dev-bs{config.batch_size}-lr{config.lr}"
+    folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else {}
+    for i, config in enumerate(runs_configs):
+        ckpt = folders and folders[i]
         run = train.train(config, train_data, test_data, dataclasses.replace(
             options, checkpoint_dir=ckpt, progress=args.progress and primary), log=log,
             on_epoch=write)
@@ -256,6 +256,21 @@ def train_runs(args) -> None:
         runs.append(run)
     if primary:  # Again at the end: a resumed run may have had no epoch left to run.
         write_outputs(args, runs)
+
+
+def run_folders(root: str, configs: list) -> list[str]:
+    """Each run's checkpoint folder under root, named by what the run computes, not where: its
+    global batch and lr (bs256-lr0.2), so a resume on another device count finds it. Runs of one
+    command that share both are told apart by their order (bs256-lr0.2, bs256-lr0.2-2, ...).
+    A folder of the older naming (2dev-bs256-lr0.2) is used where it exists and the new one not."""
+    folders, seen = [], {}
+    for config in configs:
+        name = f"bs{config.batch_size}-lr{config.lr}"
+        seen[name] = seen.get(name, 0) + 1
+        folder = Path(root) / (name if seen[name] == 1 else f"{name}-{seen[name]}")
+        older = Path(root) / f"{config.devices}dev-{name}"
+        folders.append(str(older if older.is_dir() and not folder.exists() else folder))
+    return folders
 
 
 def write_outputs(args, runs: list[dict]) -> None:

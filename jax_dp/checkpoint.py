@@ -71,7 +71,11 @@ class Checkpointer:
             try:
                 meta = _read(self.manager, step, meta=ocp.args.JsonRestore())["meta"]
                 self._check_config(meta["config"])
+                saved = self.manager.item_metadata(step)["arrays"].tree["state"]["model_state"]
+                statistics = target["state"]["model_state"]
+                target["state"]["model_state"] = _laid_out_as(statistics, saved)
                 arrays = _read(self.manager, step, arrays=ocp.args.StandardRestore(target))["arrays"]
+                target["state"]["model_state"] = statistics
             except ParamError:
                 raise
             except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
@@ -93,14 +97,16 @@ class Checkpointer:
         return None
 
     def _check_config(self, saved: dict) -> None:
-        diffs = self.config.differences(saved)
+        diffs = self.config.differences(saved, fixed=fixed_fields(self.config))
         if diffs:
             raise _refusal(f"the checkpoint in {self.directory}", diffs)
 
     def _placed(self, arrays, meta, step, state, position):
         b, host = self.backend, arrays["state"]
+        statistics = _moved(host["model_state"], b.to_host(state.model_state),
+                            b.unreplicate(state.model_state), self.directory)
         state = state._replace(params=b.replicate(host["params"]),
-                               model_state=b.from_host(host["model_state"]),
+                               model_state=b.from_host(statistics),
                                opt_state=b.replicate(host["opt_state"]))
         position = position._replace(
             epoch=meta["epoch"], step=meta["step"], global_step=step, order=arrays["order"],
@@ -135,12 +141,45 @@ def check_resumable(root: str | Path, configs: list[TrainConfig]) -> None:
     """Refuse to resume configs from root when it holds runs and none of them is one of configs:
     the refusal names the fields in which the nearest saved run differs."""
     saved = saved_configs(root)
-    if not saved or any(not c.differences(s) for c in configs for s in saved.values()):
+    def diff(config, saved_config):
+        return config.differences(saved_config, fixed=fixed_fields(config))
+
+    if not saved or any(not diff(c, s) for c in configs for s in saved.values()):
         return
-    folder, diffs = min(((f, c.differences(s)) for c in configs for f, s in saved.items()),
+    folder, diffs = min(((f, diff(c, s)) for c in configs for f, s in saved.items()),
                         key=lambda pair: len(pair[1]))
     raise _refusal(f"no run in {Path(root).absolute()} has this run's values; the nearest, "
                    f"{folder},", diffs)
+
+
+def fixed_fields(config: TrainConfig) -> tuple[str, ...]:
+    """The placement fields (config.PLACEMENT) a resume of config may not change: the devices
+    where the model keeps a state of its own on each device."""
+    from jax_dp.models import per_device_state
+
+    return ("devices",) if per_device_state(config.model, config.options) else ()
+
+
+def _laid_out_as(target, saved):
+    """A restore target for the model state: target's leaves, but shaped as saved's (another run
+    may have kept one copy, or one per device of another count)."""
+    return jax.tree.map(lambda t, s: t if t.shape == tuple(s.shape) else np.zeros(s.shape, t.dtype),
+                        target, saved, is_leaf=lambda x: hasattr(x, "shape"))
+
+
+def _moved(saved, target, one, directory):
+    """The model state saved with another device layout (saved), in this run's (target; one:
+    a single copy's). Only a state equal on every device moves: else the refusal says why."""
+    def move(s, t, o):
+        if s.shape == t.shape:
+            return s
+        copies = s.reshape((-1, *o.shape))
+        if not (copies == copies[0]).all():
+            raise ParamError(("devices", "checkpoint_dir"), (
+                f"cannot resume: the checkpoint in {directory} holds a state per device for "
+                f"{len(copies)} device(s): resume with the same {{}}, or use another {{}}"))
+        return np.broadcast_to(copies[0], t.shape).copy()
+    return jax.tree.map(move, saved, target, one)
 
 
 def _refusal(what: str, diffs: dict[str, tuple]) -> ParamError:
@@ -210,7 +249,8 @@ def _lock(directory: Path):
 def _manager(directory, keep):
     try:
         return ocp.CheckpointManager(Path(directory).absolute(), options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=False, create=True))
+            max_to_keep=keep, enable_async_checkpointing=False, create=True), item_handlers={
+                "arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
     except OSError as e:
         raise ParamError("checkpoint_dir", f"cannot write checkpoints to {directory} "
                          f"({e.strerror}): pass a writable {{}}") from None

@@ -15,6 +15,8 @@ DATA_SOURCES = ("debian", "tfds")
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
 COMPUTE_DTYPES = ("float32", "bfloat16")  # What activations and products run in (step.compute_view).
 MICRO_BATCHES = 8  # The exact mode's micro-batches per global batch (jax_dp.exact): a power of 2.
+# Where and how a run's sums are taken, not what it computes: a resume may change them.
+PLACEMENT = ("devices", "backend", "allreduce")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,16 +91,17 @@ class TrainConfig:
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.fields().items())
 
-    def differences(self, saved: dict) -> dict[str, tuple]:
-        """name -> (saved value, this value) for each field or model option, other than a larger
-        epochs, in which saved (a checkpoint's config) differs."""
+    def differences(self, saved: dict, fixed: tuple[str, ...] = ()) -> dict[str, tuple]:
+        """name -> (saved value, this value) for each field or model option in which saved (a
+        checkpoint's config) differs, other than a larger epochs and the PLACEMENT fields that
+        are not in fixed (a model whose state is per device fixes its devices)."""
         if saved.get("model") != self.model:  # Another model's options are no comparison.
             return {"model": (saved.get("model"), self.model)}
         # A field added since the checkpoint was saved held its default then.
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name != "options"}
         saved = {**defaults, **saved, **saved.get("options", {})}
         return {name: (saved.get(name), value) for name, value in self.fields().items()
-                if saved.get(name) != value
+                if saved.get(name) != value and (name in fixed or name not in PLACEMENT)
                 and not (name == "epochs" and isinstance(saved.get(name), int) and value >= saved[name])}
 
 

@@ -170,21 +170,22 @@ def test_a_checkpoint_folder_that_is_a_file_is_one_line(tmp_path):
 
 def test_a_resume_is_refused_when_the_folder_holds_only_other_runs(saved, tmp_path):
     """Catches a resume that silently starts over: the CLI names each run's folder by its
-    devices, batch size and lr, so another value finds no folder of its own."""
+    global batch size and lr, so another value finds no folder of its own."""
     root = tmp_path / "root"
-    shutil.copytree(saved, root / "2dev-bs16-lr0.2")
+    shutil.copytree(saved, root / "bs16-lr0.2")
     other = [dataclasses.replace(RUN, lr=0.3, epochs=3)]
     with pytest.raises(ParamError) as e:
         checkpoint.check_resumable(root, other)
     assert str(e.value) == (
-        f"cannot resume: no run in {root} has this run's values; the nearest, 2dev-bs16-lr0.2, was "
+        f"cannot resume: no run in {root} has this run's values; the nearest, bs16-lr0.2, was "
         "written with lr 0.2, this run has lr 0.3 (only a larger epochs may change): resume with "
         "the same values or use another checkpoint_dir")
     assert e.value.params == ("lr", "lr", "checkpoint_dir")
     two = [dataclasses.replace(RUN, devices=1, batch_size=8, epochs=3)]
-    with pytest.raises(ParamError, match="written with devices 2 and batch_size 16, this run has "
-                                         "devices 1 and batch_size 8"):
+    with pytest.raises(ParamError, match="written with batch_size 16, this run has batch_size 8"):
         checkpoint.check_resumable(root, two)
+    # Another device count and backend are the same run, placed elsewhere.
+    checkpoint.check_resumable(root, [dataclasses.replace(RUN, devices=1, backend="single", epochs=3)])
     # A run of this invocation is there: the others start afresh, as when first run.
     checkpoint.check_resumable(root, [*other, dataclasses.replace(RUN, epochs=3)])
     checkpoint.check_resumable(tmp_path / "empty", other)

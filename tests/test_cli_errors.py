@@ -44,7 +44,7 @@ def one_line(proc, code, message):
     (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],
      "--coordinator must be HOST:PORT (process 0's address and a free port, e.g. "
      "localhost:12345), got 'bad'"),
-    (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/2dev-bs64-lr0.2 "
+    (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/bs64-lr0.2 "
                                             "(Not a directory): pass a writable --checkpoint-dir"),
 ])
 def test_bad_values_are_one_line_before_training(flags, message):
@@ -100,7 +100,7 @@ def test_a_second_run_on_a_folder_is_refused_until_the_first_is_killed(tmp_path)
     """Two runs on one --checkpoint-dir: the second is refused at once naming the first's
     process; once the first is killed (SIGKILL: no chance to clean up), the folder is free."""
     flags = ["--checkpoint-dir", str(tmp_path), "--epochs", "500"]
-    lock = tmp_path / "2dev-bs64-lr0.2" / ".lock"
+    lock = tmp_path / "bs64-lr0.2" / ".lock"
 
     def holding(*extra):
         """A run started and seen holding the folder's lock."""
@@ -127,7 +127,7 @@ def test_a_resume_of_other_values_is_refused_and_another_folder_starts_afresh(tm
     assert lenet("--checkpoint-dir", str(tmp_path), "--epochs", "1").returncode == 0
     one_line(lenet("--checkpoint-dir", str(tmp_path), "--epochs", "2", "--resume", "--lr", "0.3"), 2,
              f"cannot resume: no run in {tmp_path} has this run's values; the nearest, "
-             "2dev-bs64-lr0.2, was written with --lr 0.2, this run has --lr 0.3 (only a larger "
+             "bs64-lr0.2, was written with --lr 0.2, this run has --lr 0.3 (only a larger "
              "epochs may change): resume with the same values or use another --checkpoint-dir")
     proc = lenet("--checkpoint-dir", str(tmp_path / "new"), "--epochs", "1", "--resume", "--lr", "0.3")
     assert proc.returncode == 0 and "resuming" not in proc.stdout, proc.stderr

@@ -20,7 +20,7 @@ FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", 
 
 def final_state(directory):
     """Params and optimizer state of the run's last checkpoint."""
-    (run_dir,) = Path(directory).glob("*dev-*")
+    (run_dir,) = Path(directory).glob("bs*")
     step, arrays, _ = latest_checkpoint(run_dir)
     return step, arrays["state"]
 

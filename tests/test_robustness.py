@@ -18,7 +18,7 @@ import pytest
 from experiments.measure import parity
 from jax_dp import checkpoint, data, dispatch, models, step as step_lib, train
 from jax_dp.backends import make_backend
-from jax_dp.config import RunOptions, TrainConfig
+from jax_dp.config import PLACEMENT, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 
@@ -174,7 +174,7 @@ def wait_for_checkpoint(directory, at_least, proc):
     """Block until a checkpoint of step >= at_least exists in directory (the run's folder)."""
     deadline = time.time() + 300
     while time.time() < deadline:
-        steps = [int(p.name) for d in Path(directory).glob("*dev-*") for p in d.iterdir()
+        steps = [int(p.name) for d in Path(directory).glob("bs*") for p in d.iterdir()
                  if p.name.isdigit()]
         if steps and max(steps) >= at_least:
             return
@@ -190,7 +190,7 @@ def uninterrupted(tmp_path_factory):
     proc = start(directory)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
-    return (*final_params(next(Path(directory).glob("*dev-*"))), epochs_in_json(directory))
+    return (*final_params(next(Path(directory).glob("bs*"))), epochs_in_json(directory))
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
@@ -210,7 +210,7 @@ def test_a_killed_or_stopped_run_resumes_to_bitwise_the_same_params(tmp_path, un
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     assert "resuming from" in out
-    step, final = final_params(next(tmp_path.glob("*dev-*")))
+    step, final = final_params(next(tmp_path.glob("bs*")))
     assert step == uninterrupted[0]
     for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(uninterrupted[1])):
         np.testing.assert_array_equal(a, b)
@@ -308,7 +308,7 @@ def test_every_field_and_model_option_has_a_value_to_resume_with():
         | {option.name for option in models.declared(models.model_module(RUN.model))}
 
 
-@pytest.mark.parametrize("field", sorted(OTHER_VALUES))
+@pytest.mark.parametrize("field", sorted(set(OTHER_VALUES) - set(PLACEMENT)))
 def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint, field):
     """Catches a field or model option exempted from the check: every one is refused by name."""
     value = OTHER_VALUES[field]
@@ -325,6 +325,15 @@ def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint,
         getattr(RUN, field)
     assert f"was written with {field} {old!r}, this run has {field} {value!r}" in str(e.value)
     assert e.value.params == (field, field, "checkpoint_dir")
+
+
+@pytest.mark.parametrize("field", PLACEMENT)
+def test_a_resume_may_change_where_the_run_is_placed(finished_checkpoint, field):
+    """Devices, backend and all-reduce place the run: the finished run is found, not refused."""
+    config = dataclasses.replace(RUN, **{field: OTHER_VALUES[field]})
+    resumed = train.train(config, SPLIT, SPLIT, RunOptions(
+        resume=True, checkpoint_dir=str(finished_checkpoint)), log=quiet)
+    assert len(resumed["epochs"]) == RUN.epochs
 
 
 def test_data_that_is_not_the_configs_is_refused():

@@ -5,5 +5,5 @@ from functools import partial
 
 from jax_dp.models import resnet
 
-OPTIONS, check = resnet.OPTIONS, resnet.check
+OPTIONS, check, per_device_state = resnet.OPTIONS, resnet.check, resnet.per_device_state
 make = partial(resnet.make, stage_channels=(8, 16), blocks_per_stage=1)

@@ -71,6 +71,14 @@ def model_options(name: str, options: dict | None = None, backend: str | None = 
     return options
 
 
+def per_device_state(name: str, options: dict) -> bool:
+    """Whether the model called name keeps a state of its own on each device with these options
+    (its module's per_device_state(options); False where it has none)."""
+    module = model_module(name)
+    return bool(getattr(module, "per_device_state", lambda options: False)(
+        model_options(name, options)))
+
+
 def auto_choices(options: dict, platform: str) -> dict:
     """What the 'auto' in options stands for on platform."""
     if options.get("conv_grads") != "auto":

@@ -87,6 +87,11 @@ def check(options: dict, backend: str) -> None:
                          "{} pmap can hold; use it")
 
 
+def per_device_state(options: dict) -> bool:
+    """bn 'local' keeps each device's statistics: the device count is then part of the run."""
+    return options["bn"] == "local"
+
+
 def make(bn: str = "sync", activation: str = "relu", num_classes: int = 10,
          stage_channels: Sequence[int] = (64, 128, 256, 512), blocks_per_stage: int = 2,
          convolution: Callable = lax.conv_general_dilated) -> Model:
