@@ -156,6 +156,9 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                         "out of reach of untrusted machines)")
     p.add_argument("--start-timeout", type=float, default=60.0,
                    help="seconds to wait for every process to join a multi-process run")
+    p.add_argument("--heartbeat-timeout", type=int, default=10,
+                   help="seconds without a heartbeat after which a process of a multi-process "
+                        "run counts as lost and the run ends (exit code 3)")
     p.add_argument("--data", default="debian", choices=config.DATA_SOURCES,
                    help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
     p.add_argument("--data-source", default="/usr/share/datasets/fashion-mnist",
@@ -233,7 +236,8 @@ def train_runs(args) -> None:
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
                           start=lambda: distributed.initialize(
                               args.coordinator, args.num_processes, args.process_id,
-                              bind=args.coordinator_bind, timeout_s=args.start_timeout))
+                              bind=args.coordinator_bind, timeout_s=args.start_timeout,
+                              heartbeat_s=args.heartbeat_timeout))
     primary = distributed.is_primary()
     distributed.check_same(runs_configs)
     if args.resume and args.checkpoint_dir:

@@ -31,10 +31,16 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+# How long the others may take to end once one rank failed: JAX's heartbeat timeout
+# (distributed.HEARTBEAT_S) and then some; a rank still running after it is killed.
+GRACE_S = 20.0
+
+
 def launch(command: list[str], processes: int, port: int | None = None, env: dict | None = None,
-           **popen) -> int:
+           grace_s: float = GRACE_S, **popen) -> int:
     """Run command as processes ranks (env: theirs, default ours; popen: to subprocess.Popen);
-    the exit code is the first failure's (128 + N for a rank killed by signal N), else 0."""
+    the exit code is the first failure's (128 + N for a rank killed by signal N), else 0.
+    When a rank fails, the others get SIGTERM, and SIGKILL if still running grace_s later."""
     address = f"127.0.0.1:{port or free_port()}"
     procs = [subprocess.Popen(command, env={**(os.environ if env is None else env),
                                             "JAX_COORDINATOR_ADDRESS": address,
@@ -44,14 +50,15 @@ def launch(command: list[str], processes: int, port: int | None = None, env: dic
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:  # One rank died: the others would wait for it forever.
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                for p in procs:
-                    p.wait()
-                return exit_code(failed[0])
+            failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
+            if failed:  # One rank died: the others would wait for it until JAX's heartbeat.
+                # Seen together, a death by signal is the cause, the others' errors its effect.
+                rank, code = min(failed, key=lambda failure: failure[1] >= 0)
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                print(f"python -m {__spec__.name}: process {rank} ended ({how}); stopping the others",
+                      file=sys.stderr, flush=True)
+                _stop(procs, grace_s)
+                return exit_code(code)
             if all(c == 0 for c in codes):
                 return 0
             time.sleep(0.2)
@@ -59,6 +66,20 @@ def launch(command: list[str], processes: int, port: int | None = None, env: dic
         for p in procs:
             p.send_signal(signal.SIGINT)
         return max(exit_code(p.wait()) for p in procs) or 130
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to every running process, then SIGKILL to those still running after grace_s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ def run(main: Callable[[argparse.Namespace], None],
     except ParamError as e:  # A --model that is no model: its flags cannot be known.
         leave(2, f"{prog}: error: {e.spelled(lambda n: '--' + n)}")
     args = p.parse_args()
-    from jax_dp.train import Interrupted
+    from jax_dp.train import Interrupted, ProcessLost
 
     try:
         main(args)
@@ -49,6 +49,8 @@ def run(main: Callable[[argparse.Namespace], None],
         leave(2, f"{p.prog}: error: {e.spelled(p.flag)}")
     except ValueError as e:
         leave(2, f"{p.prog}: error: {e}")
+    except ProcessLost as e:  # Exit at once: JAX's shutdown would wait on the lost process.
+        leave(3, f"{p.prog}: error: {e}")
     except Interrupted as e:
         hint = ": rerun with --resume" if e.saved else ": pass --checkpoint-dir to keep progress"
         leave(128 + e.signum, f"{p.prog}: {e}{hint}")

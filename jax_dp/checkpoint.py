@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jax_dp import distributed
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 
@@ -57,6 +58,8 @@ class Checkpointer:
             self.manager.save(position.global_step, args=ocp.args.Composite(
                 arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
         except Exception as e:  # A full disk or a folder gone read-only, as Orbax reports it.
+            if distributed.lost_process(e):  # Not the disk: train() reports the lost process.
+                raise
             raise ParamError("checkpoint_dir", f"cannot save a checkpoint in {self.directory} "
                              f"({_reason(e)}): free some space, or pass another {{}}") from None
 
@@ -113,6 +116,16 @@ class Checkpointer:
             key=jax.random.wrap_key_data(arrays["key"]), history=tuple(meta["history"]),
             epoch_s=meta.get("epoch_s", 0.0))  # Checkpoints before epoch_s: 0.
         return state, b.replicate(arrays["metrics"]), position
+
+    def newest(self) -> int | None:
+        """The step of the newest checkpoint in the folder (None: none yet)."""
+        return self.manager.latest_step()
+
+    def release(self) -> None:
+        """Let another run use the folder, leaving Orbax's manager as it is."""
+        if self.lock:
+            self.lock.close()
+            self.lock = None
 
     def close(self) -> None:
         """Finish pending writes and let another run use the folder."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -15,6 +16,32 @@ import numpy as np
 from jax_dp.errors import ParamError
 
 
+# JAX's default is 100 s: a run whose peer died would wait that long in its shutdown barrier.
+HEARTBEAT_S = 10
+# What JAX's runtime and its gloo collectives report when a peer process is gone, in words.
+_LOST = {"heartbeat timeout": "it stopped sending heartbeats",
+         "tasks are unhealthy": "it stopped sending heartbeats",
+         "Connection reset by peer": "its connection closed during a collective",
+         "Connection closed by peer": "its connection closed during a collective",
+         "Gloo": "a collective with it failed"}
+
+
+def lost_process(error: BaseException) -> tuple[str, str] | None:
+    """(which process, how it was seen to go) when error says a process of this multi-process
+    run is gone: ("process 1", "it stopped sending heartbeats"); "another process" where the
+    error does not say which. None for any other error."""
+    text = str(error)
+    how = next((words for mark, words in _LOST.items() if mark in text), None)
+    if jax.process_count() == 1 or how is None:
+        return None
+    named = re.search(r"Task (\d+) heartbeat timeout", text)
+    if named:
+        return f"process {named.group(1)}", how
+    if jax.process_count() == 2:
+        return f"process {1 - jax.process_index()}", how
+    return "another process", how
+
+
 def requested_processes(num_processes: int | None = None) -> int:
     """How many processes the run has: the flag, $JAX_NUM_PROCESSES, SLURM's task count, or 1."""
     _check_count(num_processes)
@@ -23,7 +50,7 @@ def requested_processes(num_processes: int | None = None) -> int:
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, bind: str | None = None,
-               timeout_s: float = 60.0) -> bool:
+               timeout_s: float = 60.0, heartbeat_s: int = HEARTBEAT_S) -> bool:
     """Join a multi-process run, if one is asked for; True when this process is in one.
 
     Values not given come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
@@ -32,6 +59,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     Process 0's coordinator listens on bind (HOST:PORT; default the coordinator's own address,
     so a loopback coordinator is not reachable from other machines). Joining takes at most
     timeout_s seconds, then is refused in one line; a signal meanwhile is handled at once.
+    A process that stops answering JAX's heartbeats for heartbeat_s seconds ends the run
+    (lost_process then names it).
     """
     _check_count(num_processes)
     coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -55,7 +84,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or "SLURM's coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
-    options = {"initialization_timeout": int(timeout_s) + 30}
+    if not (isinstance(heartbeat_s, int) and heartbeat_s >= 1):
+        raise ParamError("heartbeat_timeout", f"{{}} must be a whole number of seconds, at "
+                         f"least 1, got {heartbeat_s}")
+    options = {"initialization_timeout": int(timeout_s) + 30, "heartbeat_timeout_seconds": heartbeat_s}
     if coordinator:
         options["coordinator_bind_address"] = bind or coordinator
         if process_id == 0:

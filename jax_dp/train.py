@@ -12,7 +12,7 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, feeds, memory
+from jax_dp import dispatch, distributed, feeds, memory
 from jax_dp import allreduce
 from jax_dp.backends import Backend, make_backend
 from jax_dp.checkpoint import Checkpointer
@@ -35,6 +35,10 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at {where}; " + (f"checkpoint saved in {saved}" if saved
                                                          else "nothing saved"))
         self.signum, self.saved = signum, saved
+
+
+class ProcessLost(Exception):
+    """A process of a multi-process run is gone; the run ended where its newest checkpoint is."""
 
 
 class Position(NamedTuple):
@@ -202,6 +206,18 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                 _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
                                finished=position.epoch == config.epochs)
         return {**summary(), "state": backend.unreplicate(state)}
+    except Exception as e:
+        lost = distributed.lost_process(e)
+        if lost is None:
+            raise
+        where = "no checkpoint was saved"
+        if ckpt:
+            if (newest := ckpt.newest()) is not None:
+                where = (f"the newest checkpoint is step {newest} in {ckpt.directory}: resume "
+                         "with --resume on the processes that remain")
+            ckpt.release()  # Its saves are whole; closing would wait on the lost process.
+            ckpt = None
+        raise ProcessLost(f"{lost[0]} of the run was lost ({lost[1]}); {where}") from None
     finally:  # Also on errors and signals: finish writes and free the folder's lock.
         if ckpt:
             ckpt.close()

@@ -1,6 +1,7 @@
 """Several processes, one run: 2 processes x 2 CPU devices train like 1 process x 4."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -8,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
-from experiments.launch import free_port
+from experiments.launch import free_port, launch
 from experiments.measure import parity
 from helpers import latest_checkpoint
 
@@ -82,6 +85,18 @@ def test_the_launcher_stops_every_rank_and_exits_as_a_shell_would(failure, code)
                            f"{failure} if r == 1 else time.sleep(600)"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == code
+
+
+def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace_period(capsys):
+    """The launcher's bound: one rank fails, the other ignores SIGTERM and is killed grace_s
+    later; the launcher names the failed rank in one line."""
+    ignore = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "sys.exit(3) if os.environ['JAX_PROCESS_ID'] == '1' else time.sleep(600)")
+    started = time.monotonic()
+    assert launch([sys.executable, "-c", ignore], 2, grace_s=2) == 3
+    assert time.monotonic() - started < 30
+    assert capsys.readouterr().err == ("python -m experiments.launch: process 1 ended (exit code "
+                                       "3); stopping the others\n")
 
 
 def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
@@ -172,3 +187,79 @@ def test_processes_started_with_other_flags_are_refused_naming_them(flag, values
             "flags\n")
     assert [p.returncode for p in procs] == [2, 2], errs
     assert errs == [want, want]
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the launcher's child that runs rank."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                parent = status.read_text().split("PPid:")[1].split()[0]
+                environ = (status.parent / "environ").read_bytes().split(b"\0")
+            except (OSError, IndexError):
+                continue  # Gone meanwhile.
+            if int(parent) == launcher.pid and f"JAX_PROCESS_ID={rank}".encode() in environ:
+                return int(status.parent.name)
+        time.sleep(0.1)
+    raise TimeoutError(f"rank {rank} did not start")
+
+
+def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(tmp_path):
+    """The exact mode, 5 epochs of 10 steps: 2 processes x 1 device, then 1 x 2, then 1 x 1,
+    then 2 x 1 again until process 1 is SIGKILLed mid-epoch 4, then 1 x 1 to the end: the
+    uninterrupted run's params, optimizer state and history, bit for bit. The lost process ends
+    the run within 30 s in one line naming it and the newest checkpoint, exit code 3."""
+    flags = ["--exact", "--devices", "1", "--train-examples", "640", "--test-examples", "200",
+             "--batch-size", "64", "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--json", str(tmp_path / "runs.json")]
+
+    def part(epochs, devices, processes=None, *extra):
+        command = [sys.executable, "-m", "experiments.lenet", *flags, "--epochs", str(epochs),
+                   "--devices", str(devices), "--resume", *extra]
+        if processes:
+            command = [sys.executable, "-m", "experiments.launch", "--processes",
+                       str(processes), "--", *command]
+        return command
+
+    def history():
+        return [{k: v for k, v in e.items() if k != "time_s"}
+                for e in json.loads((tmp_path / "runs.json").read_text())["runs"][0]["epochs"]]
+
+    whole = subprocess.run(part(5, 1, None, "--checkpoint-dir", str(tmp_path / "whole")),
+                           capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+    want = history(), final_state(tmp_path / "whole")
+    for epochs, devices, processes in ((1, 2, 2), (2, 2, None), (3, 1, None)):
+        proc = subprocess.run(part(epochs, devices, processes), capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert len(history()) == epochs and (epochs == 1 or "resuming from" in proc.stdout)
+    launcher = subprocess.Popen(part(5, 2, 2, "--checkpoint-every", "1", "--steps-per-call", "1"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = rank_pid(launcher, 1)
+    ckpt = tmp_path / "ckpt" / "bs64-lr0.2"
+    while not any(p.name.isdigit() and int(p.name) > 32 for p in ckpt.iterdir()):
+        assert launcher.poll() is None, launcher.communicate()
+        time.sleep(0.02)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    out, err = launcher.communicate(timeout=120)
+    assert time.monotonic() - killed < 30
+    assert launcher.returncode == 128 + signal.SIGKILL
+    lines = err.splitlines()
+    assert "python -m experiments.launch: process 1 ended (killed by SIGKILL); stopping the " \
+           "others" in lines
+    (lost,) = [line for line in lines if "of the run was lost" in line]
+    step = max(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+    assert lost.startswith("python -m experiments.lenet: error: process 1 of the run was lost (")
+    assert lost.endswith(f"the newest checkpoint is step {step} in {ckpt}: resume with --resume "
+                         "on the processes that remain")
+    assert 32 < step < 50
+    rest = subprocess.run(part(5, 1), capture_output=True, text=True, timeout=600)
+    assert rest.returncode == 0 and "resuming from" in rest.stdout, rest.stderr
+    assert history() == want[0]
+    got = final_state(tmp_path / "ckpt")
+    assert got[0] == want[1][0] == 50
+    assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
+               for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1][1])))
