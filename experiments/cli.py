@@ -221,7 +221,7 @@ def load_data(args):
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
     from jax_dp import checkpoint, devices, distributed, models, train  # JAX starts later.
-    from jax_dp.config import RunOptions
+    from jax_dp.config import MICRO_BATCHES, RunOptions
 
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
@@ -233,7 +233,9 @@ def train_runs(args) -> None:
                          steps_per_call=args.steps_per_call, progress=args.progress)
     use_xla_options(args.model, primary)
     size = models.model_bytes(args.model, **runs_configs[0].options)
+    exact = any(c.exact for c in runs_configs)  # The same bits on any count: devices.py.
     devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
+                          at_least=MICRO_BATCHES if exact else 1,
                           start=lambda: distributed.initialize(
                               args.coordinator, args.num_processes, args.process_id,
                               bind=args.coordinator_bind, timeout_s=args.start_timeout,

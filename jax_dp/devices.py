@@ -88,15 +88,19 @@ def get_devices(k: int) -> tuple[jax.Device, ...]:
 
 
 def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
-                  processes: int = 1, model_bytes: int = 0) -> list[tuple[jax.Device, ...]]:
+                  processes: int = 1, model_bytes: int = 0,
+                  at_least: int = 1) -> list[tuple[jax.Device, ...]]:
     """Simulate enough CPU devices for the largest count, call start(), then pick each set.
 
     With several processes, counts are over all of them; start is where the multi-process
     runtime is joined, after the simulation is set up and before JAX starts. model_bytes
-    (the model's params and state) bounds how many simulated devices fit in memory.
+    (the model's params and state) bounds how many simulated devices fit in memory. Each
+    process simulates at least at_least devices: XLA:CPU shares a process's threads among its
+    simulated devices, and how a convolution splits its sums over threads (so its bits)
+    follows their count; the exact mode fixes it for every device count (config.MICRO_BATCHES).
     """
     if not counts or min(counts) < 1:
         raise ParamError("devices", f"{{}} must be positive counts, got {counts}")
-    simulate_cpu_devices(-(-max(counts) // processes), model_bytes)
+    simulate_cpu_devices(max(-(-max(counts) // processes), at_least), model_bytes)
     start()
     return [get_devices(k) for k in counts]

@@ -3,6 +3,8 @@
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -13,6 +15,7 @@ from experiments import cli
 from jax_dp import data, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
+from helpers import latest_checkpoint
 
 # Every ordered pair of 1, 2, 4 and 8 devices once (an Euler circuit), the backend alternating.
 EVERY_PAIR = (1, 2, 1, 4, 1, 8, 2, 4, 2, 8, 4, 8, 1)
@@ -122,3 +125,26 @@ def test_run_folders_are_named_by_global_batch_and_lr_and_older_ones_are_kept(tm
     assert cli.run_folders(str(tmp_path), configs)[1] == str(tmp_path / "2dev-bs64-lr0.2")
     (tmp_path / "bs64-lr0.2-2").mkdir()  # Once the new one exists, it is the run's.
     assert cli.run_folders(str(tmp_path), configs)[1] == str(tmp_path / "bs64-lr0.2-2")
+
+
+def test_exact_runs_in_processes_of_other_device_counts_resume_to_the_same_bits(tmp_path):
+    """Separate commands, as a user resumes: 4 devices, then 2, against 1 uninterrupted.
+    Catches bits that follow the process's simulated device count (XLA:CPU splits a
+    convolution's sums over the threads it gives each device): without the exact mode's fixed
+    count of simulated devices, these runs part after the first step."""
+    def lenet(devices, epochs, folder, *extra):
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.lenet", "--exact", "--devices", str(devices),
+             "--epochs", str(epochs), "--train-examples", "2048", "--test-examples", "256",
+             "--lr", "0.9", "--no-progress", "--checkpoint-dir", str(tmp_path / folder), *extra],
+            capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    lenet(1, 2, "whole")
+    lenet(4, 1, "parts")
+    assert "resuming from" in lenet(2, 2, "parts", "--resume").stdout
+    (whole,), (parts,) = (list((tmp_path / f).glob("bs*")) for f in ("whole", "parts"))
+    (step, want, _), (got_step, got, _) = latest_checkpoint(whole), latest_checkpoint(parts)
+    assert step == got_step == 16
+    assert bits(got["state"]) == bits(want["state"])
