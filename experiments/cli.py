@@ -249,11 +249,11 @@ def train_runs(args) -> None:
     log = print if primary else (lambda line: None)
     # Rewritten after every epoch, so a run stopped or killed keeps the epochs it finished.
     write = (lambda run: write_outputs(args, [*runs, run])) if primary else (lambda run: None)
-    folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else {}
-    for i, config in enumerate(runs_configs):
-        ckpt = folders and folders[i]
+    folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else \
+        [None] * len(runs_configs)
+    for config, folder in zip(runs_configs, folders):
         run = train.train(config, train_data, test_data, dataclasses.replace(
-            options, checkpoint_dir=ckpt, progress=args.progress and primary), log=log,
+            options, checkpoint_dir=folder, progress=args.progress and primary), log=log,
             on_epoch=write)
         run.pop("state")
         avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])

@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from jax_dp import distributed
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
+from jax_dp.models import per_device_state
 
 # Orbax logs every save at INFO/WARNING, and a failed one at ERROR, before raising what
 # Checkpointer reports in one line.
@@ -75,10 +76,9 @@ class Checkpointer:
                 meta = _read(self.manager, step, meta=ocp.args.JsonRestore())["meta"]
                 self._check_config(meta["config"])
                 saved = self.manager.item_metadata(step)["arrays"].tree["state"]["model_state"]
-                statistics = target["state"]["model_state"]
-                target["state"]["model_state"] = _laid_out_as(statistics, saved)
-                arrays = _read(self.manager, step, arrays=ocp.args.StandardRestore(target))["arrays"]
-                target["state"]["model_state"] = statistics
+                as_saved = {**target, "state": {**target["state"], "model_state": _laid_out_as(
+                    target["state"]["model_state"], saved)}}
+                arrays = _read(self.manager, step, arrays=ocp.args.StandardRestore(as_saved))["arrays"]
             except ParamError:
                 raise
             except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
@@ -92,7 +92,7 @@ class Checkpointer:
                     f"resuming from step {step}")
             if damaged:
                 self.manager = _manager(self.directory, self.keep)
-            return self._placed(arrays, meta, step, state, position)
+            return self._placed(arrays, meta, step, state, position, target["state"]["model_state"])
         if damaged:
             raise ParamError("checkpoint_dir", f"no intact checkpoint in {self.directory}: "
                              + "; ".join(f"step {s} is damaged ({r})" for s, r in damaged)
@@ -104,9 +104,11 @@ class Checkpointer:
         if diffs:
             raise _refusal(f"the checkpoint in {self.directory}", diffs)
 
-    def _placed(self, arrays, meta, step, state, position):
+    def _placed(self, arrays, meta, step, state, position, placed_statistics):
+        """The restored arrays placed like state; placed_statistics: this run's model state on
+        the host (to_host), whose layout the saved one is moved to."""
         b, host = self.backend, arrays["state"]
-        statistics = _moved(host["model_state"], b.to_host(state.model_state),
+        statistics = _moved(host["model_state"], placed_statistics,
                             b.unreplicate(state.model_state), self.directory)
         state = state._replace(params=b.replicate(host["params"]),
                                model_state=b.from_host(statistics),
@@ -122,7 +124,9 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def release(self) -> None:
-        """Let another run use the folder, leaving Orbax's manager as it is."""
+        """Let another run use the folder now, without Orbax's close (which would wait on every
+        process of the run); close() then has nothing left to do."""
+        self.manager = None
         if self.lock:
             self.lock.close()
             self.lock = None
@@ -130,7 +134,8 @@ class Checkpointer:
     def close(self) -> None:
         """Finish pending writes and let another run use the folder."""
         try:
-            self.manager.close()
+            if self.manager:
+                self.manager.close()
         finally:
             if self.lock:
                 self.lock.close()  # Closing the file releases its flock.
@@ -154,6 +159,7 @@ def check_resumable(root: str | Path, configs: list[TrainConfig]) -> None:
     """Refuse to resume configs from root when it holds runs and none of them is one of configs:
     the refusal names the fields in which the nearest saved run differs."""
     saved = saved_configs(root)
+
     def diff(config, saved_config):
         return config.differences(saved_config, fixed=fixed_fields(config))
 
@@ -168,8 +174,6 @@ def check_resumable(root: str | Path, configs: list[TrainConfig]) -> None:
 def fixed_fields(config: TrainConfig) -> tuple[str, ...]:
     """The placement fields (config.PLACEMENT) a resume of config may not change: the devices
     where the model keeps a state of its own on each device."""
-    from jax_dp.models import per_device_state
-
     return ("devices",) if per_device_state(config.model, config.options) else ()
 
 

@@ -207,20 +207,24 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                finished=position.epoch == config.epochs)
         return {**summary(), "state": backend.unreplicate(state)}
     except Exception as e:
-        lost = distributed.lost_process(e)
-        if lost is None:
+        if (lost := distributed.lost_process(e)) is None:
             raise
-        where = "no checkpoint was saved"
-        if ckpt:
-            if (newest := ckpt.newest()) is not None:
-                where = (f"the newest checkpoint is step {newest} in {ckpt.directory}: resume "
-                         "with --resume on the processes that remain")
-            ckpt.release()  # Its saves are whole; closing would wait on the lost process.
-            ckpt = None
-        raise ProcessLost(f"{lost[0]} of the run was lost ({lost[1]}); {where}") from None
+        raise _process_lost(lost, ckpt) from None
     finally:  # Also on errors and signals: finish writes and free the folder's lock.
         if ckpt:
             ckpt.close()
+
+
+def _process_lost(lost: tuple[str, str], ckpt: Checkpointer | None) -> ProcessLost:
+    """ProcessLost naming the lost process and the newest checkpoint; the folder is released at
+    once (its saves are whole, and Orbax's close would wait on the lost process)."""
+    where = "no checkpoint was saved"
+    if ckpt:
+        if (newest := ckpt.newest()) is not None:
+            where = (f"the newest checkpoint is step {newest} in {ckpt.directory}: resume with "
+                     "--resume on the processes that remain")
+        ckpt.release()
+    return ProcessLost(f"{lost[0]} of the run was lost ({lost[1]}); {where}")
 
 
 def _check_data(config, train_data, test_data):
