@@ -156,7 +156,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                         "out of reach of untrusted machines)")
     p.add_argument("--start-timeout", type=float, default=60.0,
                    help="seconds to wait for every process to join a multi-process run")
-    p.add_argument("--heartbeat-timeout", type=int, default=10,
+    p.add_argument("--heartbeat-timeout", type=at_least(1), default=10,
                    help="seconds without a heartbeat after which a process of a multi-process "
                         "run counts as lost and the run ends (exit code 3)")
     p.add_argument("--data", default="debian", choices=config.DATA_SOURCES,

@@ -41,6 +41,7 @@ def one_line(proc, code, message):
     (["--batch-size", "64,100000", "--devices", "1,2"], "--batch-size 100000 is more than the 512"),
     (["--data-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --data-dir"),
     (["--num-processes", "0"], "--num-processes must be at least 1, got 0"),
+    (["--heartbeat-timeout", "0"], "--heartbeat-timeout: must be an integer of at least 1, got '0'"),
     (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],
      "--coordinator must be HOST:PORT (process 0's address and a free port, e.g. "
      "localhost:12345), got 'bad'"),
