@@ -69,9 +69,7 @@ def get_devices(k: int) -> tuple[jax.Device, ...]:
     check_count(k)
     processes = jax.process_count()
     if processes > 1:
-        if k % processes:
-            raise ParamError("devices", f"{{}} {k} does not split over {processes} processes: "
-                             f"use a multiple of {processes}")
+        check_split(k, processes)
         per_process = k // processes
         if per_process > jax.local_device_count():
             raise ParamError("devices", f"asked for {k} devices but only "
@@ -85,6 +83,13 @@ def get_devices(k: int) -> tuple[jax.Device, ...]:
         raise ParamError("devices", f"asked for {k} devices but only {len(available)} exist "
                          f"({names}); pass {{}} {len(available)} or fewer")
     return tuple(available[:k])
+
+
+def check_split(k: int, processes: int) -> None:
+    """Refuse a device count that the processes cannot share equally."""
+    if k % processes:
+        raise ParamError("devices", f"{{}} {k} does not split over {processes} processes: "
+                         f"use a multiple of {processes}")
 
 
 def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
@@ -101,6 +106,8 @@ def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
     """
     if not counts or min(counts) < 1:
         raise ParamError("devices", f"{{}} must be positive counts, got {counts}")
+    for k in counts:  # Before joining: every process refuses alike, none waits on another.
+        check_split(k, processes)
     simulate_cpu_devices(max(-(-max(counts) // processes), at_least), model_bytes)
     start()
     return [get_devices(k) for k in counts]

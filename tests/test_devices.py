@@ -35,6 +35,17 @@ def test_setup_devices_gives_one_set_per_count():
     assert [len(s) for s in sets] == [1, 2, 8]
 
 
+def test_a_count_that_does_not_split_over_the_processes_is_refused_before_joining():
+    """Refused before start() joins the run, so every process refuses and none waits on another
+    (a process left waiting when its peer refused after joining was aborted by JAX's runtime)."""
+    def start():
+        raise AssertionError("joined the run")
+
+    with pytest.raises(ValueError, match="devices 3 does not split over 2 processes: use a "
+                                         "multiple of 2"):
+        devices.setup_devices([4, 3], start=start, processes=2)
+
+
 def test_more_simulated_devices_than_xlas_collective_threads_are_refused():
     """Catches the limit moving: 256 trains (measured, docs/robustness.md), 257 waits forever in XLA."""
     devices.check_simulated(256)
