@@ -35,6 +35,15 @@ def exit_code(returncode: int) -> int:
 # (distributed.HEARTBEAT_S) and then some; a rank still running after it is killed.
 GRACE_S = 20.0
 
+# How a rank ends when another one failed first: a lost process in train() exits 3, and JAX's
+# runtime aborts one whose peer vanished. Seen together with another failure, that is the cause.
+AFTERMATH = (3, -signal.SIGABRT)
+
+
+def cause(failed: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of the (rank, return code) pairs seen failed together, the one that failed first."""
+    return min(failed, key=lambda failure: failure[1] in AFTERMATH)
+
 
 def launch(command: list[str], processes: int, port: int | None = None, env: dict | None = None,
            grace_s: float = GRACE_S, **popen) -> int:
@@ -52,8 +61,7 @@ def launch(command: list[str], processes: int, port: int | None = None, env: dic
             codes = [p.poll() for p in procs]
             failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
             if failed:  # One rank died: the others would wait for it until JAX's heartbeat.
-                # Seen together, a death by signal is the cause, the others' errors its effect.
-                rank, code = min(failed, key=lambda failure: failure[1] >= 0)
+                rank, code = cause(failed)
                 how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
                 print(f"python -m {__spec__.name}: process {rank} ended ({how}); stopping the others",
                       file=sys.stderr, flush=True)

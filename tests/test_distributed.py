@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.launch import free_port, launch
+from experiments.launch import cause, free_port, launch
 from experiments.measure import parity
 from helpers import latest_checkpoint
 
@@ -85,6 +85,16 @@ def test_the_launcher_stops_every_rank_and_exits_as_a_shell_would(failure, code)
                            f"{failure} if r == 1 else time.sleep(600)"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == code
+
+
+@pytest.mark.parametrize("failed, first", [([(0, 2), (1, -signal.SIGABRT)], (0, 2)),
+                                           ([(0, 3), (1, -signal.SIGKILL)], (1, -signal.SIGKILL)),
+                                           ([(0, -signal.SIGABRT), (1, 3)], (0, -signal.SIGABRT)),
+                                           ([(0, 1), (1, 2)], (0, 1))])
+def test_the_launcher_names_the_cause_not_its_aftermath(failed, first):
+    """Seen in one poll, a rank that exited 3 (its peer lost) or was aborted by JAX's runtime (its
+    peer vanished) is the aftermath of the other failure."""
+    assert cause(failed) == first
 
 
 def test_a_rank_deaf_to_sigterm_is_killed_after_the_grace_period(capsys):
