@@ -29,9 +29,8 @@ def main(args) -> None:
     import numpy as np
     import optax
 
-    from jax_dp import models, parallel, step as step_lib
+    from jax_dp import models, parallel, runner, step as step_lib
     from jax_dp.models.lenet import init_lenet, lenet
-    from jax_dp.backends import make_backend
 
     devs = devices.get_devices(2)
     print("devices (the book runs nvidia-smi):", jax.devices())
@@ -64,13 +63,12 @@ def main(args) -> None:
         print(" ", show(shards.addressable_data(i)[0]))
 
     model, tx = models.get_model("lenet"), optax.sgd(0.2)
-    steps = step_lib.make_steps(model, tx, make_backend("pmap", devs))
-    state = steps.backend.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
+    steps = runner.build_steps(model, tx, "pmap", devs)
+    state, metrics = runner.place(steps, step_lib.init_state(model, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     global_batch = {"image": rng.random((8, 28, 28, 1), np.float32),
                     "label": rng.integers(0, 10, 8).astype(np.int32), "mask": np.ones(8, np.float32)}
-    state, metrics = steps.train_batch(state, steps.backend.replicate(step_lib.zero_metrics()),
-                                       steps.backend.shard(global_batch))
+    state, metrics = steps.train_batch(state, metrics, steps.backend.shard(global_batch))
     m = steps.backend.unreplicate(metrics)
     print(f"\none train_batch on 2 devices: global batch {m['count']:.0f}, "
           f"mean loss {m['loss_sum'] / m['count']:.4f}, replicas identical: "

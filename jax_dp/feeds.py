@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_dp import data
+from jax_dp import data, runner
 from jax_dp.step import Steps
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
@@ -39,8 +39,8 @@ class HostBatches:
         """Compile the step ahead of time for this run's batches (all of one size: any start);
         the compiled steps."""
         size = data.padded_size(self.batch_size, self.steps.pad_to)
-        batch = self.steps.backend.shard(data.zero_batch(size, self.train_data.images.shape[1:]))
-        self.step = self.steps.backend.precompile(self.steps.train_batch, state, metrics, batch)
+        batch = data.zero_batch(size, self.train_data.images.shape[1:])
+        self.step = runner.compile_train(self.steps, state, metrics, batch)
         return [self.step]
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:

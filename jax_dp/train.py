@@ -12,16 +12,14 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, distributed, feeds, memory
-from jax_dp import allreduce
-from jax_dp.backends import Backend, make_backend
+from jax_dp import dispatch, distributed, feeds, memory, runner
+from jax_dp.backends import Backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.exact import steps as exact_steps
 from jax_dp.models import auto_choices, get_model, model_options
-from jax_dp.step import Steps, TrainState, init_state, make_steps, zero_metrics
+from jax_dp.step import Steps, TrainState, init_state, zero_metrics
 
 
 class NonFiniteError(ParamError):
@@ -102,15 +100,6 @@ def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
                                 jax.random.fold_in(jax.random.split(key)[1], epoch))
 
 
-def build_steps(config: TrainConfig, model, tx: optax.GradientTransformation) -> Steps:
-    """The steps config asks for, on its backend and devices: the book's, or the exact mode's."""
-    backend = make_backend(config.backend, get_devices(config.devices))
-    if config.exact:
-        return exact_steps.make_steps(model, tx, backend, config.compute_dtype)
-    return make_steps(model, tx, backend, allreduce.for_step(config.allreduce),
-                      config.compute_dtype)
-
-
 def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split,
           run: RunOptions = RunOptions(), *, log: Callable[[str], None] = print,
           on_epoch: Callable[[dict], None] = lambda summary: None,
@@ -145,12 +134,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
     model, tx, key = get_model(config.model, platform, **config.options), optimizer(config), \
         jax.random.key(config.seed)
-    steps = build_steps(config, model, tx)
+    steps = runner.build_steps(model, tx, config.backend, get_devices(config.devices),
+                               exact=config.exact, scheme=config.allreduce,
+                               compute_dtype=config.compute_dtype)
     backend = steps.backend
     feed = feeds.make_feed(steps, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)
-    state = backend.replicate(init_state(model, tx, jax.random.split(key)[0]))
-    metrics = backend.replicate(zero_metrics())
+    state, metrics = runner.place(steps, init_state(model, tx, jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
     try:

@@ -11,9 +11,8 @@ import jax
 import numpy as np
 import optax
 
-from jax_dp import data, dispatch, feeds, step as step_lib
+from jax_dp import data, feeds, runner, step as step_lib
 from jax_dp.allreduce import get_allreduce
-from jax_dp.exact import steps as exact_steps
 from jax_dp.backends import make_backend
 from jax_dp.models.model import Model
 
@@ -72,24 +71,17 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     exact: the exact mode's step (jax_dp.exact; batches padded to its micro-batches).
     """
     tx, state = sgd_state(model, lr)
-    make_steps = exact_steps.make_steps if exact else step_lib.make_steps
-    steps = make_steps(model, tx, make_backend(backend, devices))
-    b = steps.backend
-    state = b.replicate(state)
-    placed = [b.shard(batch) for batch in batches]
-    metrics = b.replicate(step_lib.zero_metrics())
+    steps = runner.build_steps(model, tx, backend, devices, exact=exact)
+    state, metrics = runner.place(steps, state)
+    placed = [steps.backend.shard(batch) for batch in batches]
     start = time.perf_counter()
-    step = b.precompile(steps.train_batch, state, metrics, placed[0])
+    step = runner.compile_train(steps, state, metrics, batches[0])
     compile_s = time.perf_counter() - start
     state, metrics = jax.block_until_ready(step(state, metrics, placed[0]))
     per_step = []
     for _ in range(repeats):
-        in_flight = dispatch.InFlight()
         start = time.perf_counter()
-        for batch in placed:
-            state, metrics = step(state, metrics, batch)
-            in_flight.add(metrics)
-        in_flight.drain()
+        state, metrics = runner.run(step, state, metrics, placed)
         per_step.append((time.perf_counter() - start) / len(placed))
     return {"compile_s": compile_s, "step_s": per_step}
 
@@ -98,8 +90,8 @@ def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3
     """Seconds per training step on one device with no collective and no dispatch between
     steps (steps of them per compiled call, under lax.scan): the step's compute alone."""
     tx, state = sgd_state(model)
-    backend = make_backend("single", jax.devices()[:1])
-    run = backend.compile(feeds.scanned(step_lib.make_steps(model, tx, backend).train_step), donate_argnums=(0,))
+    steps = runner.build_steps(model, tx, "single", jax.devices()[:1])
+    run = steps.backend.compile(feeds.scanned(steps.train_step), donate_argnums=(0,))
     n = batch_size * steps
     split = jax.device_put(feeds.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
                                                      np.zeros(n, np.int32))))
@@ -142,11 +134,7 @@ def time_fixed(model: Model, devices: Sequence[jax.Device], batch_size: int, rep
 
     def run():
         nonlocal state, metrics
-        in_flight = dispatch.InFlight()
-        for _ in range(calls):
-            state, metrics = step(state, metrics, batch)
-            in_flight.add(metrics)
-        in_flight.drain()
+        state, metrics = runner.run(step, state, metrics, [batch] * calls)
     run()
     return median_s(run, repeats, calls)
 
@@ -156,10 +144,8 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     compiled HLO (XLA combines the gradients into one tuple all-reduce; gloo sums each array
     as a collective of its own)."""
     tx, state = sgd_state(model)
-    b = make_backend("pmap", devices)
-    steps = step_lib.make_steps(model, tx, b)
-    batch = b.shard(data.zero_batch(batch_size))
-    text = steps.train_batch.lower(b.replicate(state),
-                                   b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
+    steps = runner.build_steps(model, tx, "pmap", devices)
+    text = runner.compile_train(steps, *runner.place(steps, state),
+                                data.zero_batch(batch_size)).as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]
     return sum(len(re.findall(r"\b[a-z]+\d*\[", r)) for r in results)

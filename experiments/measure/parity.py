@@ -10,9 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_dp import step as step_lib
-from jax_dp.exact import steps as exact_steps
-from jax_dp.backends import make_backend
+from jax_dp import runner, step as step_lib
 from jax_dp.devices import get_devices
 from jax_dp.models.model import Model
 
@@ -67,10 +65,10 @@ def compare(model: Model, batches: Sequence[dict], configs: Sequence[Config], *,
                for c in [Config("single", 1), *configs]]
     reference, others = runners[0], runners[1:]
     for batch in batches:
-        for runner in runners:
-            runner.step(cast(batch, dtype))
-        for runner in others:
-            runner.compare(reference)
+        for r in runners:
+            r.step(cast(batch, dtype))
+        for r in others:
+            r.compare(reference)
     return {"reference": "single", "runs": [r.summary(len(batches[0]["label"])) for r in runners]}
 
 
@@ -79,14 +77,12 @@ class _Runner:
 
     def __init__(self, model, tx, config, init, example_batch, dtype, exact):
         self.config = config
-        make_steps = exact_steps.make_steps if exact else step_lib.make_steps
-        self.steps = make_steps(model, tx, make_backend(config.backend, get_devices(config.devices)))
-        backend = self.steps.backend
-        self.state = backend.replicate(init)
+        self.steps = runner.build_steps(model, tx, config.backend, get_devices(config.devices),
+                                        exact=exact)
+        self.state, metrics = runner.place(self.steps, init)
         start = time.perf_counter()
-        self.train_batch = self.steps.train_batch.lower(
-            self.state, backend.replicate(step_lib.zero_metrics()),
-            backend.shard(cast(example_batch, dtype))).compile()
+        self.train_batch = runner.compile_train(self.steps, self.state, metrics,
+                                                cast(example_batch, dtype))
         self.compile_s = time.perf_counter() - start
         self.times, self.losses, self.diffs, self.l2_diffs = [], [], [], []
 
@@ -94,10 +90,9 @@ class _Runner:
         backend = self.steps.backend
         placed = backend.shard(batch)
         start = time.perf_counter()
-        self.state, metrics = self.train_batch(self.state, backend.replicate(step_lib.zero_metrics()),
-                                               placed)
-        jax.block_until_ready(self.state)
-        self.times.append(time.perf_counter() - start)
+        self.state, metrics = runner.run(self.train_batch, self.state,
+                                         backend.replicate(step_lib.zero_metrics()), [placed])
+        self.times.append(time.perf_counter() - start)  # run waited for the step.
         metrics = backend.unreplicate(metrics)
         self.losses.append(float(metrics["loss_sum"] / metrics["count"]))
         self.host = backend.unreplicate((self.state.params, self.state.model_state))
