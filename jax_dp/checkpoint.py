@@ -120,7 +120,9 @@ class Checkpointer:
         return state, b.replicate(arrays["metrics"]), position
 
     def newest(self) -> int | None:
-        """The step of the newest checkpoint in the folder (None: none yet)."""
+        """The step of the newest checkpoint in the folder (None: none yet), read from the disk:
+        a save that a lost process interrupted may have finished its files without telling Orbax."""
+        self.manager.reload()
         return self.manager.latest_step()
 
     def release(self) -> None:

@@ -90,8 +90,8 @@ def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3
     """Seconds per training step on one device with no collective and no dispatch between
     steps (steps of them per compiled call, under lax.scan): the step's compute alone."""
     tx, state = sgd_state(model)
-    steps = runner.build_steps(model, tx, "single", jax.devices()[:1])
-    run = steps.backend.compile(feeds.scanned(steps.train_step), donate_argnums=(0,))
+    built = runner.build_steps(model, tx, "single", jax.devices()[:1])
+    run = built.backend.compile(feeds.scanned(built.train_step), donate_argnums=(0,))
     n = batch_size * steps
     split = jax.device_put(feeds.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
                                                      np.zeros(n, np.int32))))
@@ -145,7 +145,7 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     as a collective of its own)."""
     tx, state = sgd_state(model)
     steps = runner.build_steps(model, tx, "pmap", devices)
-    text = runner.compile_train(steps, *runner.place(steps, state),
-                                data.zero_batch(batch_size)).as_text()
+    batch = steps.backend.shard(data.zero_batch(batch_size))
+    text = steps.train_batch.lower(*runner.place(steps, state), batch).compile().as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]
     return sum(len(re.findall(r"\b[a-z]+\d*\[", r)) for r in results)
