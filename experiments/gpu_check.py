@@ -5,7 +5,7 @@ a table and writes, in one JSON: the devices and versions; LeNet at 1, 4, 16 and
 compiled call (seconds per epoch, images per second, compile time); ResNet-18 at the book's
 1-device configuration over a fixed number of steps; float32 agreement of one device with
 pmap, shard_map and jit; the exact mode's cost; and peak device memory. `--quick` runs the
-same with tiny sizes (on CPU, as the tests do).
+same with tiny sizes and a narrow ResNet (tests.tiny_resnet; on CPU, as the tests do).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from experiments import cli, process
 
 FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
-        "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20, "exact_steps": 50}
+        "resnet": "resnet18", "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20, "exact_steps": 50}
 QUICK = {"lenet_examples": 512, "lenet_batch": 64, "calls": (1, 4),
-         "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2, "exact_steps": 4}
+         "resnet": "tests.tiny_resnet", "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2, "exact_steps": 4}
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax")
 
 
@@ -67,7 +67,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
                 "mask": np.ones(sizes["resnet_batch"], np.float32)} for _ in range(sizes["resnet_steps"])]
     rows = []
     for grads in ("canonical", "xla"):
-        timed = benchmark.time_steps(models.get_model("resnet18", conv_grads=grads), "single",
+        timed = benchmark.time_steps(models.get_model(sizes["resnet"], conv_grads=grads), "single",
                                      [device], batches, repeats=2, lr=0.1)
         step_s = float(np.median(timed["step_s"]))
         rows.append({"conv_grads": grads, "batch_size": sizes["resnet_batch"],

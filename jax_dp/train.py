@@ -61,12 +61,14 @@ class Position(NamedTuple):
                              history=self.history + (result,), epoch_s=0.0)
 
 
-def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
-    """Sums over every example of data, each counted once, read back to the host."""
+def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int,
+             compiled: Callable | None = None) -> dict:
+    """Sums over every example of data, each counted once, read back to the host (through
+    compiled, steps.evaluate compiled ahead, when given)."""
     backend, in_flight = steps.backend, dispatch.InFlight()
-    metrics = backend.replicate(zero_metrics())
+    metrics, step = backend.replicate(zero_metrics()), compiled or steps.evaluate
     for batch in data_lib.batches(data, batch_size, pad_to=steps.pad_to):
-        metrics = steps.evaluate(state, metrics, backend.shard(batch))
+        metrics = step(state, metrics, backend.shard(batch))
         in_flight.add(metrics)
     totals = {k: float(v) for k, v in backend.unreplicate(metrics).items()}
     if totals["count"] != len(data.labels):
@@ -76,9 +78,9 @@ def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: 
 
 
 def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
-                      batch_size: int = 256) -> float:
+                      batch_size: int = 256, compiled: Callable | None = None) -> float:
     """The book's evaluate_accuracy: correct predictions / examples, over every example."""
-    totals = evaluate(steps, state, data, batch_size)
+    totals = evaluate(steps, state, data, batch_size, compiled)
     return totals["correct"] / totals["count"]
 
 
@@ -153,10 +155,9 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         compiled = feed.compile(state, metrics, position.step)
         eval_batch = backend.shard(data_lib.zero_batch(
             data_lib.padded_size(config.batch_size, steps.pad_to), test_data.images.shape[1:]))
-        steps = steps._replace(evaluate=backend.precompile(steps.evaluate, state, metrics,
-                                                           eval_batch))
+        evaluate_step = backend.precompile(steps.evaluate, state, metrics, eval_batch)
         local = [d for d in backend.devices if d.process_index == jax.process_index()]
-        memory.check_fits([*compiled, steps.evaluate], local, config.batch_size, steps.pad_to)
+        memory.check_fits([*compiled, evaluate_step], local, config.batch_size, steps.pad_to)
         compile_s = time.perf_counter() - start_time
 
         def summary() -> dict:  # Reads position when called: the history so far.
@@ -185,8 +186,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                            epoch_start=epoch_start)
                     in_flight.drain()
                 time_s = time.perf_counter() - epoch_start
-                result = _epoch_result(steps, state, metrics, position, test_data,
-                                       config.batch_size, time_s)
+                result = _epoch_result(steps, evaluate_step, state, metrics, position,
+                                       test_data, config.batch_size, time_s)
                 log(f"epoch {result['epoch']}, time {time_s:.1f} sec, "
                     f"test acc {result['test_acc']:.2f}")
                 position = position.next_epoch(
@@ -230,12 +231,14 @@ def _crossed(before: int, after: int, every: int) -> bool:
     return bool(every) and after // every > before // every
 
 
-def _epoch_result(steps: Steps, state: TrainState, metrics: dict, position: Position,
-                  test_data: data_lib.Split, batch_size: int, time_s: float) -> dict:
-    """The finished epoch's line of the history: its training sums and the test accuracy."""
+def _epoch_result(steps: Steps, evaluate_step: Callable, state: TrainState, metrics: dict,
+                  position: Position, test_data: data_lib.Split, batch_size: int,
+                  time_s: float) -> dict:
+    """The finished epoch's line of the history: its training sums and the test accuracy
+    (through evaluate_step, steps.evaluate compiled ahead)."""
     sums = _check_finite(steps.backend, metrics, position)
     return {"epoch": position.epoch + 1, "time_s": time_s,
-            "test_acc": evaluate_accuracy(steps, state, test_data, batch_size),
+            "test_acc": evaluate_accuracy(steps, state, test_data, batch_size, evaluate_step),
             "train_loss": sums["loss_sum"] / sums["count"],
             "train_acc": sums["correct"] / sums["count"]}
 

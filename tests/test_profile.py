@@ -38,11 +38,11 @@ def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
 
 
 def test_resnets_strided_convolutions_are_rebuilt_with_their_windows():
-    """20 convolutions (stem, 16 in blocks, 3 shortcuts), 19 dX (not the stem's), 29 dW (the
-    three 3x3 stride-2 ones take one per phase of the stride, 4 each); each rebuilt alone from
-    its parsed window gives the step's output shape."""
-    convs = profile.convolutions(compiled_step_hlo(models.get_model("resnet18"), 2))
-    assert Counter(c["kind"] for c in convs) == {"conv forward": 20, "conv dX": 19, "conv dW": 29}
+    """The narrow ResNet (ResNet-18's code, two one-block stages): 6 convolutions (stem, 4 in
+    blocks, 1 shortcut), 5 dX (not the stem's), 9 dW (the 3x3 stride-2 one takes one per phase
+    of the stride, 4); each rebuilt alone from its parsed window gives the step's output shape."""
+    convs = profile.convolutions(compiled_step_hlo(models.get_model("tests.tiny_resnet"), 2))
+    assert Counter(c["kind"] for c in convs) == {"conv forward": 6, "conv dX": 5, "conv dW": 9}
     assert {c["strides"] for c in convs if c["kind"] == "conv forward"} == {(1, 1), (2, 2)}
     for conv in convs:
         rebuilt = jax.eval_shape(lambda a, b: jax.lax.conv_general_dilated(
