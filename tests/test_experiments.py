@@ -37,14 +37,20 @@ def test_lenet_prints_the_books_lines_and_writes_the_json(tmp_path):
     assert set(runs[0]["epochs"][0]) == {"epoch", "time_s", "train_loss", "train_acc", "test_acc"}
 
 
-def test_resnet18_runs_the_books_pair_on_a_slice(tmp_path):
+def test_resnet18_defaults_to_the_books_pair_and_trains_on_a_slice(tmp_path):
+    """The command's runs are the book's pair (read from its flags); the 2-device one, the
+    pair's collective half, trains through the command on a slice."""
+    from experiments import cli, resnet18
+    pair = cli.configs(resnet18.parser().parse_args([]))
+    assert [(c.model, c.options["bn"], c.devices, c.batch_size, c.lr, c.epochs) for c in pair] == [
+        ("resnet18", "sync", 1, 256, 0.1, 4), ("resnet18", "sync", 2, 512, 0.2, 4)]
     out = tmp_path / "runs.json"
     proc = run("experiments.resnet18", "--epochs", "1", "--train-examples", "16",
-               "--test-examples", "8", "--batch-size", "8,16", "--json", str(out))
+               "--test-examples", "8", "--devices", "2", "--batch-size", "16", "--lr", "0.2",
+               "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    configs = [r["config"] for r in json.loads(out.read_text())["runs"]]
-    assert [(c["model"], c["options"]["bn"], c["devices"], c["batch_size"], c["lr"]) for c in configs] == [
-        ("resnet18", "sync", 1, 8, 0.1), ("resnet18", "sync", 2, 16, 0.2)]
+    (config,) = [r["config"] for r in json.loads(out.read_text())["runs"]]
+    assert (config["model"], config["options"]["bn"], config["devices"]) == ("resnet18", "sync", 2)
 
 
 @pytest.mark.parametrize("flags,message", [
