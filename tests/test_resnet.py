@@ -18,6 +18,9 @@ from jax_dp.models.resnet import BatchNorm
 from helpers import random_batches, run_steps
 
 RESNET = models.get_model("resnet18")
+# ResNet-18's code narrowed (tests/tiny_resnet.py), for the multi-step and multi-device checks
+# where the width adds compile time, not a path: the same blocks and synchronised BatchNorm.
+TINY = models.get_model("tests.tiny_resnet")
 
 
 def residual_params(c_in, c, shortcut):
@@ -134,10 +137,10 @@ def test_one_step_with_synced_batchnorm_on_4_devices_equals_one_device(float32_r
 
 @pytest.fixture(scope="module")
 def float64_reference():
-    """Three single-device steps in float64, and their batches."""
+    """Three single-device steps of the narrow ResNet in float64, and their batches."""
     with jax.enable_x64(True):
         batches = random_batches(3, 8, size=8, dtype=np.float64)
-        return batches, run_steps(RESNET, "single", 1, batches, lr=0.1, dtype=jnp.float64)[1]
+        return batches, run_steps(TINY, "single", 1, batches, lr=0.1, dtype=jnp.float64)[1]
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -147,14 +150,14 @@ def test_several_steps_with_synced_batchnorm_equal_one_device_in_float64(float64
     # exact equivalence is checked in float64: round-off 1e-16, times that, is ~1e-11.
     batches, reference = float64_reference
     with jax.enable_x64(True):
-        _, pmapped, _ = run_steps(RESNET, "pmap", k, batches, lr=0.1, dtype=jnp.float64)
+        _, pmapped, _ = run_steps(TINY, "pmap", k, batches, lr=0.1, dtype=jnp.float64)
     assert jax.tree.leaves(reference.params)[0].dtype == np.float64
     assert_each_leaf_close(pmapped.params, reference.params, 1e-8)
     assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-8)
 
 
 def test_local_batchnorm_statistics_differ_between_replicas():
-    local = models.get_model("resnet18", bn="local")
+    local = models.get_model("tests.tiny_resnet", bn="local")
     state, _, _ = run_steps(local, "pmap", 2, random_batches(1, 8, size=8), lr=0.1)
     means = np.asarray(state.model_state["BatchNorm_0"]["mean"])
     assert not np.allclose(means[0], means[1])
@@ -162,8 +165,8 @@ def test_local_batchnorm_statistics_differ_between_replicas():
 
 def test_evaluation_is_deterministic_and_counts_every_example():
     tx = optax.sgd(0.1)
-    steps = step_lib.make_steps(RESNET, tx, make_backend("pmap", get_devices(4)))
-    state = steps.backend.replicate(step_lib.init_state(RESNET, tx, jax.random.key(0)))
+    steps = step_lib.make_steps(TINY, tx, make_backend("pmap", get_devices(4)))
+    state = steps.backend.replicate(step_lib.init_state(TINY, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((13, 8, 8, 1), np.float32), rng.integers(0, 10, 13).astype(np.int32))
     first, second = (train.evaluate(steps, state, split, batch_size=6) for _ in range(2))
