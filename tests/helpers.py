@@ -104,3 +104,19 @@ def latest_checkpoint(directory):
     restored = manager.restore(step, args=ocp.args.Composite(
         arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
     return step, restored["arrays"], restored["meta"]
+
+
+def forked_commands(commands: tuple[tuple[str, ...], ...], env: dict) -> list:
+    """Each `python -m` command (module, *flags) run as tests/forked.py runs them, all from one
+    fresh interpreter: CompletedProcess-like results, in order."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    proc = subprocess.run([sys.executable, "-m", "tests.forked", json.dumps(commands)],
+                          capture_output=True, text=True, timeout=600, env=env,
+                          cwd=Path(__file__).parents[1])
+    assert proc.returncode == 0, proc.stderr
+    return [SimpleNamespace(**r) for r in json.loads(proc.stdout)]

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from helpers import forked_commands
+
 S = ["--devices", "2", "--train-examples", "512", "--test-examples", "256", "--batch-size", "64",
      "--no-progress"]
 ENV = {**os.environ, "JAX_DP_NO_TCMALLOC": "1"}
@@ -31,7 +33,7 @@ def one_line(proc, code, message):
     assert message in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD_VALUES = [
     (["--seed", str(2**63)], f"--seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {2**63}"),
     (["--step-timeout", "-1"], "--step-timeout must be a positive number of seconds, got -1.0"),
     (["--step-timeout", "nan"], "--step-timeout must be a positive number of seconds, got nan"),
@@ -47,12 +49,23 @@ def one_line(proc, code, message):
      "localhost:12345), got 'bad'"),
     (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/bs64-lr0.2 "
                                             "(Not a directory): pass a writable --checkpoint-dir"),
-])
-def test_bad_values_are_one_line_before_training(flags, message):
-    one_line(lenet(*flags), 2, message)
+]
 
 
-@pytest.mark.parametrize("cli, flags, message", [
+@pytest.fixture(scope="module")
+def bad_value_runs():
+    """Every BAD_VALUES case, by its flags, run once in this process (tests/forked.py)."""
+    cases = [tuple(flags) for flags, _ in BAD_VALUES]
+    return dict(zip(cases, forked_commands(tuple(("experiments.lenet", *S, *c) for c in cases),
+                                           ENV)))
+
+
+@pytest.mark.parametrize("flags, message", BAD_VALUES)
+def test_bad_values_are_one_line_before_training(flags, message, bad_value_runs):
+    one_line(bad_value_runs[tuple(flags)], 2, message)
+
+
+MEASUREMENT_COUNTS = [
     ("exact_cost", ["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
     ("exact_cost", ["--rounds", "x"], "--rounds: must be an integer of at least 1, got 'x'"),
     ("exact_cost", ["--batch-size", "-5"], "--batch-size: must be an integer of at least 1, got '-5'"),
@@ -64,12 +77,21 @@ def test_bad_values_are_one_line_before_training(flags, message):
     ("compare", ["--batch-size", "0"], "--batch-size: must be an integer of at least 1, got '0'"),
     ("benchmark", ["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
     ("launch", ["--processes", "0", "--", "true"], "--processes: must be an integer of at least 1"),
-])
-def test_a_measurement_cli_refuses_a_count_it_cannot_use_in_one_line(cli, flags, message):
+]
+
+
+@pytest.fixture(scope="module")
+def measurement_runs():
+    """Every MEASUREMENT_COUNTS case, by command, run once in this process (tests/forked.py)."""
+    cases = [(f"experiments.{cli}", *flags) for cli, flags, _ in MEASUREMENT_COUNTS]
+    return dict(zip(cases, forked_commands(tuple(cases), ENV)))
+
+
+@pytest.mark.parametrize("cli, flags, message", MEASUREMENT_COUNTS)
+def test_a_measurement_cli_refuses_a_count_it_cannot_use_in_one_line(cli, flags, message,
+                                                                      measurement_runs):
     """Zero is refused, not read as 'the default'."""
-    proc = subprocess.run([sys.executable, "-m", f"experiments.{cli}", *flags],
-                          capture_output=True, text=True, timeout=120, env=ENV)
-    one_line(proc, 2, message)
+    one_line(measurement_runs[(f"experiments.{cli}", *flags)], 2, message)
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tmp_path):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from helpers import forked_commands
 from jax_dp.config import TrainConfig
 
 
@@ -53,7 +54,7 @@ def test_resnet18_defaults_to_the_books_pair_and_trains_on_a_slice(tmp_path):
     assert (config["model"], config["options"]["bn"], config["devices"]) == ("resnet18", "sync", 2)
 
 
-@pytest.mark.parametrize("flags,message", [
+BAD_FLAGS = [
     (["--devices", "0"], "--devices must be at least 1, got 0"),
     (["--devices", "4", "--env", "JAX_NUM_CPU_DEVICES=2"],
      "asked for 4 devices but only 2 exist (cpu:0, cpu:1); pass --devices 2 or fewer"),
@@ -72,15 +73,30 @@ def test_resnet18_defaults_to_the_books_pair_and_trains_on_a_slice(tmp_path):
     (["--train-examples", "100000"], "--train-examples 100000 is more than the 60,000 train images"),
     (["--backend", "jit", "--allreduce", "ring"],
      "--allreduce ring is written for the pmap backend; use --backend pmap"),
-])
-def test_bad_flags_get_one_line_and_exit_code_2(flags, message, tmp_path):
-    env = {"JAX_DP_NO_TCMALLOC": "1"}
-    flags = [str(tmp_path) if flag == "{tmp}" else flag for flag in flags]
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs(tmp_path_factory):
+    """Every BAD_FLAGS case that needs no environment of its own, by its flags: run once in
+    this process, from one interpreter (tests/forked.py: the same commands, forked)."""
+    folder = str(tmp_path_factory.mktemp("data"))
+    cases = [tuple(flags) for flags, _ in BAD_FLAGS if "--env" not in flags]
+    runs = forked_commands(tuple(("experiments.lenet", *(folder if f == "{tmp}" else f
+                                                         for f in c)) for c in cases),
+                           {**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+    return dict(zip(cases, runs))
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS)
+def test_bad_flags_get_one_line_and_exit_code_2(flags, message, bad_flag_runs):
     if "--env" in flags:
+        flags = list(flags)
         name, value = flags.pop(flags.index("--env") + 1).split("=")
         flags.remove("--env")
-        env[name] = value
-    proc = run("experiments.lenet", *flags, env=env)
+        proc = run("experiments.lenet", *flags, env={"JAX_DP_NO_TCMALLOC": "1", name: value})
+    else:
+        proc = bad_flag_runs[tuple(flags)]
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
     assert proc.stderr.startswith("python -m experiments.lenet: error: ")
