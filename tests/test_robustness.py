@@ -357,7 +357,7 @@ def test_a_wedged_step_ends_the_run_with_one_line_and_exit_code_3(tmp_path):
 
 
 def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_path):
-    """Ctrl-Z (SIGSTOP) for 5 s in a step with a 4 s timeout, then SIGCONT: the run goes on.
+    """Ctrl-Z (SIGSTOP) for 7 s in a step with a 6 s timeout, then SIGCONT: the run goes on.
     The step waits for the parent, then 0.5 s more, so the watchdog looks while it is
     unfinished."""
     script = tmp_path / "suspended.py"
@@ -369,7 +369,7 @@ def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_pat
         "    sys.stdin.readline()\n"
         "    time.sleep(0.5)\n"
         "dispatch.jax.block_until_ready = step\n"
-        "queue = dispatch.InFlight(timeout_s=4)\n"
+        "queue = dispatch.InFlight(timeout_s=6)\n"
         "queue.add(jax.numpy.ones(3), 'step 1 of epoch 1')\n"
         "queue.drain()\n"
         "print('finished', flush=True)\n")
@@ -377,7 +377,7 @@ def test_a_run_suspended_longer_than_the_timeout_is_not_taken_for_wedged(tmp_pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "in step\n"
     proc.send_signal(signal.SIGSTOP)
-    time.sleep(5)
+    time.sleep(7)
     proc.stdin.write("go\n")  # Read only once the process continues.
     proc.stdin.flush()
     proc.send_signal(signal.SIGCONT)
