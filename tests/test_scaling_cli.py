@@ -3,17 +3,20 @@ outputs (what it times, not how fast), and its one-line errors."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import forked_commands
+
 from experiments.measure import hardware, scaling_model, scaling_report
 from experiments.measure.scaling_model import Link
 from jax_dp import models
 
-QUICK = ["--model", "lenet", "--devices", "1,2", "--processes", "2", "--batch-size", "64",
+QUICK = ["--model", "lenet", "--devices", "2", "--processes", "2", "--batch-size", "64",
          "--steps", "2", "--repeats", "1", "--sizes", "2"]
 HARDWARE = Path(__file__).parents[1] / "experiments" / "hardware.json"
 
@@ -137,15 +140,15 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
     assert set(measured["compute"]) == {"1", str(r["cores"])}
     assert all(set(times) == {"32", "64"} for times in measured["compute"].values())
     configs = measured["configs"]
-    assert list(configs) == ["1x1", "1x2", "2x1", "2x2"]
+    assert list(configs) == ["1x2", "2x1", "2x2"]  # 1 device alone is the wiring test's.
     # The step all-reduces LeNet's 8 gradients and 3 metric sums as one buffer: one collective.
-    assert [configs[c]["arrays"] for c in configs] == [0, 1, 1, 1]
+    assert [configs[c]["arrays"] for c in configs] == [1, 1, 1]
     schemes = {c: sorted({(a["scheme"], a["bytes"]) for a in m["allreduce"]})
                for c, m in configs.items()}
     sizes = [4096, 4 * round(models.param_bytes("lenet") / 4)]
     assert schemes["1x2"] == schemes["2x1"] == sorted((s, n) for s in ("psum", "ring", "star")
                                                       for n in sizes)
-    assert schemes["1x1"] == schemes["2x2"] == []  # 1 device; 2x2 times its step alone.
+    assert schemes["2x2"] == []  # 2x2 times its step alone.
     seconds = [t for times in measured["compute"].values() for t in times.values()] + \
         [m[k] for m in configs.values() for k in ("fixed_s", "step_s")] + \
         [a["seconds"] for m in configs.values() for a in m["allreduce"]]
@@ -160,7 +163,7 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
     assert scaling_report.markdown({**again, "cores": r["cores"], "cpu": r["cpu"]}) in proc.stdout
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD_INPUT = [
     (["--profiles", "/nonexistent/hw.json"],
      "--profiles file '/nonexistent/hw.json' does not exist"),
     (["--devices", "0"], "--devices must be at least 1, got 0"),
@@ -171,9 +174,20 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
      "--batch-size: must be an integer of at least 2, got '1'"),
     (["--sizes", "1"], "--sizes: must be an integer of at least 2, got '1'"),
     (["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
-])
-def test_bad_input_is_one_line(flags, message):
-    proc = scaling_cli(*flags)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs():
+    """Every BAD_INPUT case, by its flags, run once in this process (tests/forked.py)."""
+    cases = [tuple(flags) for flags, _ in BAD_INPUT]
+    return dict(zip(cases, forked_commands(tuple(("experiments.scaling", *c) for c in cases),
+                                           dict(os.environ))))
+
+
+@pytest.mark.parametrize("flags, message", BAD_INPUT)
+def test_bad_input_is_one_line(flags, message, bad_input_runs):
+    proc = bad_input_runs[tuple(flags)]
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert message in proc.stderr
 
