@@ -261,7 +261,9 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
     lines = err.splitlines()
     assert "python -m experiments.launch: process 1 ended (killed by SIGKILL); stopping the " \
            "others" in lines
-    (lost,) = [line for line in lines if "of the run was lost" in line]
+    lost = [line for line in lines if "of the run was lost" in line]
+    assert len(lost) == 1, err
+    lost = lost[0]
     step = max(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
     assert lost.startswith("python -m experiments.lenet: error: process 1 of the run was lost (")
     assert lost.endswith(f"the newest checkpoint is step {step} in {ckpt}: resume with --resume "
