@@ -17,9 +17,11 @@ from pathlib import Path
 from experiments import cli, process
 
 FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
-        "resnet": "resnet18", "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20, "exact_steps": 50}
+        "resnet": "resnet18", "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20,
+        "exact_steps": 50}
 QUICK = {"lenet_examples": 512, "lenet_batch": 64, "calls": (1, 4),
-         "resnet": "tests.tiny_resnet", "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2, "exact_steps": 4}
+         "resnet": "tests.tiny_resnet", "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2,
+         "exact_steps": 4}
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax")
 
 

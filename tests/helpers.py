@@ -1,4 +1,11 @@
-"""What the tests share: random batches, and SGD steps from seed 0 on any backend."""
+"""What the tests share: random batches, SGD steps from seed 0 on any backend, checkpoints read
+back, and commands run from one interpreter."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -93,8 +100,6 @@ def torch_sgd_step(params, batch, lr):
 def latest_checkpoint(directory):
     """(global step, arrays as saved, metadata) of the newest checkpoint in directory, read
     with Orbax alone (not through jax_dp.checkpoint, which it checks)."""
-    from pathlib import Path
-
     import orbax.checkpoint as ocp
 
     manager = ocp.CheckpointManager(Path(directory).absolute(), options=ocp.CheckpointManagerOptions(
@@ -109,12 +114,6 @@ def latest_checkpoint(directory):
 def forked_commands(commands: tuple[tuple[str, ...], ...], env: dict) -> list:
     """Each `python -m` command (module, *flags) run as tests/forked.py runs them, all from one
     fresh interpreter: CompletedProcess-like results, in order."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    from types import SimpleNamespace
-
     proc = subprocess.run([sys.executable, "-m", "tests.forked", json.dumps(commands)],
                           capture_output=True, text=True, timeout=600, env=env,
                           cwd=Path(__file__).parents[1])

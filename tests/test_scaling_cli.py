@@ -12,9 +12,10 @@ import pytest
 
 from helpers import forked_commands
 
-from experiments.measure import hardware, scaling_model, scaling_report
+from experiments.measure import hardware, scaling_model, scaling_report, scaling_runs
 from experiments.measure.scaling_model import Link
 from jax_dp import models
+from jax_dp.devices import get_devices
 
 QUICK = ["--model", "lenet", "--devices", "2", "--processes", "2", "--batch-size", "64",
          "--steps", "2", "--repeats", "1", "--sizes", "2"]
@@ -140,7 +141,7 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
     assert set(measured["compute"]) == {"1", str(r["cores"])}
     assert all(set(times) == {"32", "64"} for times in measured["compute"].values())
     configs = measured["configs"]
-    assert list(configs) == ["1x2", "2x1", "2x2"]  # 1 device alone is the wiring test's.
+    assert list(configs) == ["1x2", "2x1", "2x2"]  # 1 device alone: the test below.
     # The step all-reduces LeNet's 8 gradients and 3 metric sums as one buffer: one collective.
     assert [configs[c]["arrays"] for c in configs] == [1, 1, 1]
     schemes = {c: sorted({(a["scheme"], a["bytes"]) for a in m["allreduce"]})
@@ -161,6 +162,15 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
                                   r["shapes"])
     assert json.loads(json.dumps(again)) == {k: r[k] for k in again}
     assert scaling_report.markdown({**again, "cores": r["cores"], "cpu": r["cpu"]}) in proc.stdout
+
+
+def test_one_device_is_measured_with_no_all_reduce():
+    """What a 1x1 worker measures, in this process: its fixed cost and step, no all-reduce and
+    no all-reduced array (the quick run measures 2 devices)."""
+    spec = {"steps": 2, "batch_size": 64, "repeats": 1, "sizes": [4096]}
+    m = scaling_runs.measure_devices(spec, models.get_model("lenet"), get_devices(1))
+    assert m["allreduce"] == [] and m["arrays"] == 0
+    assert all(math.isfinite(m[k]) and m[k] > 0 for k in ("fixed_s", "step_s"))
 
 
 BAD_INPUT = [
