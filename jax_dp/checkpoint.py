@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from jax_dp import distributed
 from jax_dp.config import TrainConfig
@@ -265,10 +266,19 @@ def _lock(directory: Path):
     return f
 
 
+def _collective_barrier(*, key: str, timeout_ms: int) -> None:
+    """Orbax's barrier between saves as a collective, which a lost process fails at once."""
+    # Orbax's default waits in JAX's coordination service, which sees a lost process only at the
+    # heartbeat timeout and then ends this process in C++, before it can say which was lost.
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(key)
+
+
 def _manager(directory, keep):
     try:
         return ocp.CheckpointManager(Path(directory).absolute(), options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=False, create=True), item_handlers={
+            max_to_keep=keep, enable_async_checkpointing=False, create=True,
+            async_options=ocp.AsyncOptions(barrier_sync_fn=_collective_barrier)), item_handlers={
                 "arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
     except OSError as e:
         raise ParamError("checkpoint_dir", f"cannot write checkpoints to {directory} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Callable, NamedTuple
@@ -168,7 +169,9 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         timeout_s = run.step_timeout and run.step_timeout * steps_per_call  # Per call.
         in_flight = dispatch.InFlight(timeout_s=timeout_s)
-        with dispatch.stop_requests() as stop:
+        # A lost process is named while signals are still only recorded: the launcher's SIGTERM
+        # that follows it must not end the process before the line that says why.
+        with dispatch.stop_requests() as stop, _naming_lost_processes(ckpt):
             while position.epoch < config.epochs:
                 # A resumed epoch's earlier steps count too.
                 epoch_start = time.perf_counter() - position.epoch_s
@@ -198,24 +201,36 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                finished=position.epoch == config.epochs)
         return {**summary(), "state": backend.unreplicate(state)}
     except Exception as e:
-        if (lost := distributed.lost_process(e)) is None:
-            raise
-        raise _process_lost(lost, ckpt) from None
+        _raise_if_lost(e, ckpt)
+        raise
     finally:  # Also on errors and signals: finish writes and free the folder's lock.
         if ckpt:
             ckpt.close()
 
 
-def _process_lost(lost: tuple[str, str], ckpt: Checkpointer | None) -> ProcessLost:
-    """ProcessLost naming the lost process and the newest checkpoint; the folder is released at
-    once (its saves are whole, and Orbax's close would wait on the lost process)."""
+@contextlib.contextmanager
+def _naming_lost_processes(ckpt: Checkpointer | None):
+    """An error inside that says a process of the run is gone leaves as ProcessLost."""
+    try:
+        yield
+    except Exception as e:
+        _raise_if_lost(e, ckpt)
+        raise
+
+
+def _raise_if_lost(error: Exception, ckpt: Checkpointer | None) -> None:
+    """Raise ProcessLost, naming the lost process and the newest checkpoint, if error says a
+    process of the run is gone; the folder is released at once (its saves are whole, and
+    Orbax's close would wait on the lost process)."""
+    if (lost := distributed.lost_process(error)) is None:
+        return
     where = "no checkpoint was saved"
     if ckpt:
         if (newest := ckpt.newest()) is not None:
             where = (f"the newest checkpoint is step {newest} in {ckpt.directory}: resume with "
                      "--resume on the processes that remain")
         ckpt.release()
-    return ProcessLost(f"{lost[0]} of the run was lost ({lost[1]}); {where}")
+    raise ProcessLost(f"{lost[0]} of the run was lost ({lost[1]}); {where}") from None
 
 
 def _check_data(config, train_data, test_data):

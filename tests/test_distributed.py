@@ -200,6 +200,44 @@ def test_processes_started_with_other_flags_are_refused_naming_them(flag, values
     assert errs == [want, want]
 
 
+def patched_rank(process_id, port, patch, *flags):
+    """rank()'s command, run after the Python statements in patch."""
+    run = ("import runpy, sys; sys.argv[0] = 'lenet'; "
+           "runpy.run_module('experiments.lenet', run_name='__main__')")
+    return [sys.executable, "-c", f"{patch}; {run}", *rank(process_id, port, *flags, timeout="60")[3:]]
+
+
+def test_a_process_lost_before_a_save_is_finished_ends_its_peer_in_one_line(tmp_path):
+    """Process 1 dies where its save's closing barrier starts. Orbax's own barrier waits in
+    JAX's coordination service, which learns of the loss only at the heartbeat timeout (here
+    60 s) and then aborts process 0 in C++; jax-dp's barrier is a collective that fails at
+    once. A SIGTERM while process 0 names the lost process (as the launcher sends one within
+    0.2 s) must not replace its line by "interrupted"."""
+    port = free_port()
+    flags = ["--devices", "2", "--epochs", "1", "--checkpoint-dir", str(tmp_path),
+             "--checkpoint-every", "1", "--steps-per-call", "1", "--heartbeat-timeout", "60"]
+    sigterm_first = ("import os, signal; from jax_dp.checkpoint import Checkpointer as C; "
+                     "newest = C.newest; "
+                     "C.newest = lambda self: (os.kill(os.getpid(), signal.SIGTERM), newest(self))[1]")
+    die_at_finalize = ("import os, orbax.checkpoint as ocp; "
+                       "ocp.CheckpointManager._finalize = lambda *a, **k: os._exit(1)")
+    start = time.monotonic()
+    procs = [subprocess.Popen(patched_rank(r, port, patch, *flags), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for r, patch in enumerate((sigterm_first, die_at_finalize))]
+    try:
+        err = procs[0].communicate(timeout=120)[1]
+        procs[1].communicate(timeout=20)
+    finally:
+        for p in procs:
+            p.kill()
+    assert time.monotonic() - start < 50  # Well before the 60 s heartbeat timeout.
+    assert [p.returncode for p in procs] == [3, 1], err
+    (line,) = err.splitlines()
+    assert line.startswith("python -m experiments.lenet: error: process 1 of the run was lost "
+                           "(its connection closed during a collective); ")
+
+
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     """The pid of the launcher's child that runs rank."""
     deadline = time.monotonic() + 60
