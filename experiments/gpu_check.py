@@ -18,10 +18,10 @@ from experiments import cli, process
 
 FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
         "resnet": "resnet18", "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20,
-        "exact_steps": 50}
+        "exact_steps": 50, "exact_pairs": 3}
 QUICK = {"lenet_examples": 512, "lenet_batch": 64, "calls": (1, 4),
          "resnet": "tests.tiny_resnet", "resnet_batch": 8, "resnet_steps": 2, "compare_steps": 2,
-         "exact_steps": 4}
+         "exact_steps": 4, "exact_pairs": 1}
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "flax", "optax")
 
 
@@ -93,7 +93,8 @@ def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
 
 
 def exact_cost(sizes: dict, train_data, device) -> dict:
-    """The exact mode's LeNet step against the normal one, on one device, alternating."""
+    """The exact mode's LeNet step against the normal one, on one device: the median of
+    sizes["exact_pairs"] pairs' ratios, each pair timing the normal step, then the exact one."""
     import numpy as np
 
     from jax_dp import data, models
@@ -107,7 +108,7 @@ def exact_cost(sizes: dict, train_data, device) -> dict:
     def timed(exact):
         return time_steps(model, "pmap", [device], batches, repeats=1, exact=exact)["step_s"][0]
 
-    normal, exact = zip(*[(timed(False), timed(True)) for _ in range(3)])
+    normal, exact = zip(*[(timed(False), timed(True)) for _ in range(sizes["exact_pairs"])])
     return {"normal_step_s": float(np.median(normal)), "exact_step_s": float(np.median(exact)),
             "ratio": float(np.median(np.divide(exact, normal)))}
 
