@@ -59,6 +59,10 @@ def summed_loss(params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
 
 
+# Jitted: run op by op, each new batch size costs seconds of small compilations.
+whole_grad = jax.jit(jax.grad(summed_loss))
+
+
 @pytest.mark.parametrize("k", [2, 4])
 def test_the_steps_allreduce_gives_every_device_the_whole_batchs_summed_gradient(k):
     """Catches the step's psum turned into a pmean, which its update cannot show (the gradients
@@ -70,7 +74,7 @@ def test_the_steps_allreduce_gives_every_device_the_whole_batchs_summed_gradient
     params = init_lenet(jax.random.key(0), scale=0.3)
     x = rng.random((8 * k, 28, 28, 1)).astype(np.float32)
     y = rng.integers(0, 10, 8 * k).astype(np.int32)
-    whole = jax.grad(summed_loss)(params, x, y)
+    whole = whole_grad(params, x, y)
 
     def per_device(x, y):
         count = jnp.asarray(x.shape[0], jnp.float32)
@@ -82,10 +86,6 @@ def test_the_steps_allreduce_gives_every_device_the_whole_batchs_summed_gradient
     for device in range(k):
         for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(whole), strict=True):
             np.testing.assert_allclose(got[device], want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
-
-
-# Jitted: run op by op, each new batch size costs seconds of small compilations.
-whole_grad = jax.jit(jax.grad(summed_loss))
 
 
 def last_gradient():

@@ -29,7 +29,7 @@ def residual_params(c_in, c, shortcut):
 
 
 def test_parameter_count_is_exact():
-    params, stats = RESNET.init(jax.random.key(0))
+    params, stats = jax.eval_shape(RESNET.init, jax.random.key(0))  # Shapes alone: no compile.
     stem = 9 * 1 * 64 + 2 * 64
     stages = 2 * residual_params(64, 64, False)
     for c_in, c in ((64, 128), (128, 256), (256, 512)):
@@ -40,13 +40,14 @@ def test_parameter_count_is_exact():
 
 
 def test_output_shape_and_resolution_schedule():
-    params, stats = RESNET.init(jax.random.key(0))
+    params, stats = jax.eval_shape(RESNET.init, jax.random.key(0))  # Shapes alone: no compile.
     x = jnp.zeros((3, 28, 28, 1))
-    logits, _ = RESNET.apply(params, stats, x, jnp.ones(3), train=False, axis_name=None)
+    logits, _ = jax.eval_shape(lambda p, s: RESNET.apply(p, s, x, jnp.ones(3), train=False,
+                                                         axis_name=None), params, stats)
     assert logits.shape == (3, 10)
-    conv_out = jax.eval_shape(lambda: models.resnet.ResNet().apply(
-        {"params": params, "batch_stats": stats}, x, jnp.ones(3), train=False,
-        capture_intermediates=True, mutable=["intermediates"]))[1]["intermediates"]
+    conv_out = jax.eval_shape(lambda p, s: models.resnet.ResNet().apply(
+        {"params": p, "batch_stats": s}, x, jnp.ones(3), train=False,
+        capture_intermediates=True, mutable=["intermediates"]), params, stats)[1]["intermediates"]
     # Stride 1 stem, no max-pool: 28x28 until stage 2 halves it, then 7x7 and 4x4.
     assert conv_out["Residual_1"]["__call__"][0].shape == (3, 28, 28, 64)
     assert conv_out["Residual_7"]["__call__"][0].shape == (3, 4, 4, 512)
