@@ -15,9 +15,10 @@ lenet: setup
 resnet18: setup
 	$(RUN) -m experiments.resnet18
 
-# Tests run in up to 4 processes (pytest-xdist): most of a test is compiling, on one core.
+# Tests run in 4 processes (pytest-xdist), also on 2 cores: most of a test is compiling on one
+# core, and a test waiting on its subprocesses or a timeout leaves its core to the others.
 test: setup
-	$(RUN) -m pytest -q -n auto --maxprocesses=4
+	$(RUN) -m pytest -q -n 4 --dist worksteal
 
 setup: $(VENV)/installed $(DATA) $(TCMALLOC)
 
