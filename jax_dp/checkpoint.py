@@ -270,7 +270,8 @@ def _collective_barrier(*, key: str, timeout_ms: int) -> None:
     """Orbax's barrier between saves as a collective, which a lost process fails at once."""
     # Orbax's default waits in JAX's coordination service, which sees a lost process only at the
     # heartbeat timeout and then ends this process in C++, before it can say which was lost.
-    # Saves are synchronous, so every barrier runs on the main thread, never two at once.
+    # Saves are synchronous, so every barrier runs on the main thread, never two at once. Like a
+    # step's collective it has no timeout of its own (timeout_ms): a hung peer is the heartbeat's.
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(key)
 

@@ -120,11 +120,15 @@ def test_a_device_count_that_does_not_split_over_the_processes_is_refused():
     assert "--devices 3 does not split over 2 processes" in proc.stderr
 
 
-def rank(process_id, port, *flags, timeout="4"):
-    """One rank of a 2-process run started by hand, as on two hosts."""
-    return [sys.executable, "-m", "experiments.lenet", *FLAGS, "--coordinator",
-            f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(process_id),
-            "--start-timeout", timeout, *flags]
+def rank(process_id, port, *flags, timeout="4", patch=None):
+    """One rank of a 2-process run started by hand, as on two hosts (after the Python
+    statements in patch, if given)."""
+    start = ["-m", "experiments.lenet"] if patch is None else ["-c", (
+        f"{patch}; import runpy, sys; sys.argv[0] = 'lenet'; "
+        "runpy.run_module('experiments.lenet', run_name='__main__')")]
+    return [sys.executable, *start, *FLAGS, "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", "2", "--process-id", str(process_id), "--start-timeout", timeout,
+            *flags]
 
 
 @pytest.mark.parametrize("process_id", [0, 1])
@@ -204,13 +208,6 @@ def test_processes_started_with_other_flags_are_refused_naming_them(flag, values
     assert errs == [want, want]
 
 
-def patched_rank(process_id, port, patch, *flags):
-    """rank()'s command, run after the Python statements in patch."""
-    run = ("import runpy, sys; sys.argv[0] = 'lenet'; "
-           "runpy.run_module('experiments.lenet', run_name='__main__')")
-    return [sys.executable, "-c", f"{patch}; {run}", *rank(process_id, port, *flags, timeout="60")[3:]]
-
-
 def test_a_process_lost_before_a_save_is_finished_ends_its_peer_in_one_line(tmp_path):
     """Process 1 dies where its save's closing barrier starts. Orbax's own barrier waits in
     JAX's coordination service, which learns of the loss only at the heartbeat timeout (here
@@ -225,8 +222,8 @@ def test_a_process_lost_before_a_save_is_finished_ends_its_peer_in_one_line(tmp_
                      "C.newest = lambda self: (os.kill(os.getpid(), signal.SIGTERM), newest(self))[1]")
     die_at_finalize = ("import os, orbax.checkpoint as ocp; "
                        "ocp.CheckpointManager._finalize = lambda *a, **k: os._exit(1)")
-    procs = [subprocess.Popen(patched_rank(r, port, patch, *flags), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(rank(r, port, *flags, timeout="60", patch=patch),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r, patch in enumerate((sigterm_first, die_at_finalize))]
     try:
         procs[1].communicate(timeout=300)

@@ -51,6 +51,7 @@ def test_the_exact_modes_cost_is_the_median_of_each_pairs_ratio(monkeypatch):
         return {"step_s": [next(times)]}
     monkeypatch.setattr(benchmark, "time_steps", time_steps)
     split = data.Split(np.zeros((16, 28, 28, 1), np.float32), np.zeros(16, np.int32))
-    cost = gpu_check.exact_cost({"lenet_batch": 8, "exact_steps": 2, "exact_pairs": 3}, split, get_devices(1)[0])
+    cost = gpu_check.exact_cost({"lenet_batch": 8, "exact_steps": 2, "exact_pairs": 3}, split,
+                                get_devices(1)[0])
     assert modes == [False, True] * 3
     assert cost == {"normal_step_s": 2.0, "exact_step_s": 3.0, "ratio": 2.0}
