@@ -95,11 +95,13 @@ def test_a_measurement_cli_refuses_a_count_it_cannot_use_in_one_line(cli, flags,
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tmp_path):
-    proc = lenet("--plot", str(tmp_path / "p.xyz"), "--json", str(tmp_path / "r.json"))
-    one_line(proc, 2, f"--plot {tmp_path / 'p.xyz'}: matplotlib cannot write .xyz files: use one of ")
-    assert ".png" in proc.stderr and list(tmp_path.iterdir()) == []
-    one_line(lenet("--json", str(tmp_path)), 2, f"cannot write {tmp_path} (it is a folder)")
-    one_line(lenet("--json", str(tmp_path / "no" / "r.json")), 2, f"(no folder {tmp_path / 'no'})")
+    plot, folder, nowhere = forked_commands(tuple(("experiments.lenet", *S, *flags) for flags in (
+        ("--plot", str(tmp_path / "p.xyz"), "--json", str(tmp_path / "r.json")),
+        ("--json", str(tmp_path)), ("--json", str(tmp_path / "no" / "r.json")))), ENV)
+    one_line(plot, 2, f"--plot {tmp_path / 'p.xyz'}: matplotlib cannot write .xyz files: use one of ")
+    assert ".png" in plot.stderr and list(tmp_path.iterdir()) == []
+    one_line(folder, 2, f"cannot write {tmp_path} (it is a folder)")
+    one_line(nowhere, 2, f"(no folder {tmp_path / 'no'})")
 
 
 @pytest.mark.parametrize("signum, when", [(signal.SIGINT, "starting"), (signal.SIGTERM, "compiling"),

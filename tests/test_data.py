@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,9 +127,11 @@ def test_processes_started_together_prepare_the_data_once(tmp_path, fashion_test
 @pytest.fixture(scope="session")
 def freshly_prepared(tmp_path_factory):
     """A TFDS data dir this session prepared from Debian's files (its checksums recorded by the
-    preparation), before any run read it."""
-    data_dir = tmp_path_factory.mktemp("prepared")
-    data._prepared_builder(data_dir, fashion_mnist.DEBIAN_DIR)
+    preparation), before any run read it. One for all xdist workers (their temp folders share a
+    parent): the preparation's lock lets the first prepare it and the others wait."""
+    root = tmp_path_factory.getbasetemp()
+    data_dir = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "prepared"
+    data._prepare(data_dir, fashion_mnist.DEBIAN_DIR)
     return data_dir
 
 

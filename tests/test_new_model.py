@@ -2,10 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from helpers import forked_commands
 
 from jax_dp import models, train
 from jax_dp.config import TrainConfig
@@ -16,9 +16,10 @@ FLAGS = ["--model", MLP, "--hidden", "16", "--train-examples", "2048", "--test-e
          "--batch-size", "64", "--no-progress"]
 
 
-def cli(*flags):
-    return subprocess.run([sys.executable, "-m", "experiments.train", *flags], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+def cli(*runs):
+    """Each run's flags to `python -m experiments.train`, in order, from one interpreter."""
+    return forked_commands(tuple(("experiments.train", *flags) for flags in runs),
+                           {**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
 
 
 def untimed(path):
@@ -28,12 +29,14 @@ def untimed(path):
 
 def test_a_model_module_trains_on_k_devices_and_resumes_through_the_cli(tmp_path):
     straight, resumed, ckpt = tmp_path / "straight.json", tmp_path / "resumed.json", tmp_path / "ckpt"
-    proc = cli(*FLAGS, "--devices", "2", "--epochs", "2", "--json", str(straight))
-    assert proc.returncode == 0, proc.stderr
-    assert f"config: model={MLP} hidden=16 activation=relu backend=pmap" in proc.stdout
-    assert cli(*FLAGS, "--devices", "2", "--epochs", "1", "--checkpoint-dir", str(ckpt)).returncode == 0
-    proc = cli(*FLAGS, "--devices", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
-               "--json", str(resumed))
+    first, stopped, proc = cli(
+        (*FLAGS, "--devices", "2", "--epochs", "2", "--json", str(straight)),
+        (*FLAGS, "--devices", "2", "--epochs", "1", "--checkpoint-dir", str(ckpt)),
+        (*FLAGS, "--devices", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
+         "--json", str(resumed)))
+    assert first.returncode == 0, first.stderr
+    assert f"config: model={MLP} hidden=16 activation=relu backend=pmap" in first.stdout
+    assert stopped.returncode == 0, stopped.stderr
     assert proc.returncode == 0, proc.stderr
     assert "at epoch 2, step 0" in proc.stdout
     assert untimed(resumed) == untimed(straight)
@@ -41,12 +44,11 @@ def test_a_model_module_trains_on_k_devices_and_resumes_through_the_cli(tmp_path
 
 
 def test_its_options_are_flags_and_a_bad_value_is_one_line():
-    proc = cli("--model", MLP, "--help")
-    assert proc.returncode == 0 and "--hidden {16,32,64}" in proc.stdout
-    proc = cli("--model", MLP, "--hidden", "48")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "argument --hidden: invalid choice: '48'" in proc.stderr
-    proc = cli("--model", "tests.no_such_model")
+    helped, refused, proc = cli(("--model", MLP, "--help"), ("--model", MLP, "--hidden", "48"),
+                                ("--model", "tests.no_such_model"))
+    assert helped.returncode == 0 and "--hidden {16,32,64}" in helped.stdout
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "argument --hidden: invalid choice: '48'" in refused.stderr
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "cannot import --model 'tests.no_such_model'" in proc.stderr
 
