@@ -29,14 +29,14 @@ def untimed(path):
 
 def test_a_model_module_trains_on_k_devices_and_resumes_through_the_cli(tmp_path):
     straight, resumed, ckpt = tmp_path / "straight.json", tmp_path / "resumed.json", tmp_path / "ckpt"
-    first, stopped, proc = cli(
+    first, one_epoch, proc = cli(
         (*FLAGS, "--devices", "2", "--epochs", "2", "--json", str(straight)),
         (*FLAGS, "--devices", "2", "--epochs", "1", "--checkpoint-dir", str(ckpt)),
         (*FLAGS, "--devices", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
          "--json", str(resumed)))
     assert first.returncode == 0, first.stderr
     assert f"config: model={MLP} hidden=16 activation=relu backend=pmap" in first.stdout
-    assert stopped.returncode == 0, stopped.stderr
+    assert one_epoch.returncode == 0, one_epoch.stderr
     assert proc.returncode == 0, proc.stderr
     assert "at epoch 2, step 0" in proc.stdout
     assert untimed(resumed) == untimed(straight)
