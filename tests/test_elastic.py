@@ -3,8 +3,6 @@
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,7 +13,7 @@ from experiments import cli
 from jax_dp import data, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
-from helpers import latest_checkpoint
+from helpers import forked_commands, latest_checkpoint
 
 # Every ordered pair of 1, 2, 4 and 8 devices once (an Euler circuit), the backend alternating.
 EVERY_PAIR = (1, 2, 1, 4, 1, 8, 2, 4, 2, 8, 4, 8, 1)
@@ -134,17 +132,16 @@ def test_exact_runs_in_processes_of_other_device_counts_resume_to_the_same_bits(
     convolution's sums over the threads it gives each device): without the exact mode's fixed
     count of simulated devices, these runs part after the first step."""
     def lenet(devices, epochs, folder, *extra):
-        proc = subprocess.run(
-            [sys.executable, "-m", "experiments.lenet", "--exact", "--devices", str(devices),
-             "--epochs", str(epochs), "--train-examples", "2048", "--test-examples", "256",
-             "--lr", "0.9", "--no-progress", "--checkpoint-dir", str(tmp_path / folder), *extra],
-            capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        return proc
+        return ("experiments.lenet", "--exact", "--devices", str(devices), "--epochs", str(epochs),
+                "--train-examples", "2048", "--test-examples", "256", "--lr", "0.9",
+                "--no-progress", "--checkpoint-dir", str(tmp_path / folder), *extra)
 
-    lenet(1, 2, "whole")
-    lenet(4, 1, "parts")
-    assert "resuming from" in lenet(2, 2, "parts", "--resume").stdout
+    # Each command in a fork of one interpreter that has not started JAX's backend: each sets
+    # up its own simulated devices, as a process of its own does.
+    runs = forked_commands((lenet(1, 2, "whole"), lenet(4, 1, "parts"),
+                            lenet(2, 2, "parts", "--resume")), dict(os.environ))
+    assert [run.returncode for run in runs] == [0, 0, 0], [run.stderr for run in runs]
+    assert "resuming from" in runs[2].stdout
     (whole,), (parts,) = (list((tmp_path / f).glob("bs*")) for f in ("whole", "parts"))
     (step, want, _), (got_step, got, _) = latest_checkpoint(whole), latest_checkpoint(parts)
     assert step == got_step == 16
