@@ -21,6 +21,12 @@ def lenet(*flags, timeout=300):
                           capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
+def lenets(*runs):
+    """Each run's flags (after S) to `python -m experiments.lenet`, in order, from one
+    interpreter (tests/forked.py)."""
+    return forked_commands(tuple(("experiments.lenet", *S, *flags) for flags in runs), ENV)
+
+
 def start(*flags):
     return subprocess.Popen([sys.executable, "-m", "experiments.lenet", *S, *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -54,10 +60,9 @@ BAD_VALUES = [
 
 @pytest.fixture(scope="module")
 def bad_value_runs():
-    """Every BAD_VALUES case, by its flags, run once in this process (tests/forked.py)."""
+    """Every BAD_VALUES case, by its flags, run once (lenets)."""
     cases = [tuple(flags) for flags, _ in BAD_VALUES]
-    return dict(zip(cases, forked_commands(tuple(("experiments.lenet", *S, *c) for c in cases),
-                                           ENV)))
+    return dict(zip(cases, lenets(*cases)))
 
 
 @pytest.mark.parametrize("flags, message", BAD_VALUES)
@@ -95,9 +100,9 @@ def test_a_measurement_cli_refuses_a_count_it_cannot_use_in_one_line(cli, flags,
 
 
 def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tmp_path):
-    plot, folder, nowhere = forked_commands(tuple(("experiments.lenet", *S, *flags) for flags in (
+    plot, folder, nowhere = lenets(
         ("--plot", str(tmp_path / "p.xyz"), "--json", str(tmp_path / "r.json")),
-        ("--json", str(tmp_path)), ("--json", str(tmp_path / "no" / "r.json")))), ENV)
+        ("--json", str(tmp_path)), ("--json", str(tmp_path / "no" / "r.json")))
     one_line(plot, 2, f"--plot {tmp_path / 'p.xyz'}: matplotlib cannot write .xyz files: use one of ")
     assert ".png" in plot.stderr and list(tmp_path.iterdir()) == []
     one_line(folder, 2, f"cannot write {tmp_path} (it is a folder)")
