@@ -111,26 +111,24 @@ def assert_each_leaf_close(tree, reference, rel):
         assert parity.max_rel_diff(a, b) <= rel
 
 
-@pytest.fixture(scope="module")
-def float32_reference():
-    """One single-device step in float32, and its batch."""
+def test_one_step_on_one_pmapped_device_is_bitwise_the_single_device_step():
+    """On ResNet-18 itself: on the narrow ResNet, a 1-device pmap's BatchNorm biases differ
+    from the single-device step's in their last bits (4e-6 relative after one step)."""
     batches = random_batches(1, 8, size=8)
-    return batches, *run_steps(RESNET, "single", 1, batches, lr=0.1)[1:]
-
-
-def test_one_step_on_one_pmapped_device_is_bitwise_the_single_device_step(float32_reference):
-    batches, reference, m1 = float32_reference
+    _, reference, m1 = run_steps(RESNET, "single", 1, batches, lr=0.1)
     _, pmapped, m = run_steps(RESNET, "pmap", 1, batches, lr=0.1)
     chex.assert_trees_all_equal((pmapped, m), (reference, m1))
 
 
-def test_one_step_with_synced_batchnorm_on_4_devices_equals_one_device(float32_reference, k=4):
-    batches, reference, m1 = float32_reference
-    state, pmapped, mk = run_steps(RESNET, "pmap", k, batches, lr=0.1)
+def test_one_step_with_synced_batchnorm_on_4_devices_equals_one_device(k=4):
+    batches = random_batches(1, 8, size=8)
+    _, reference, m1 = run_steps(TINY, "single", 1, batches, lr=0.1)
+    state, pmapped, mk = run_steps(TINY, "pmap", k, batches, lr=0.1)
     # float32 round-off only (sums over 8 x 8 x 8 = 512 values per channel, split k ways),
-    # but the gradients of BatchNorm biases are near-cancelling sums that magnify it ~100x.
-    assert_each_leaf_close(pmapped.params, reference.params, 1e-4)
-    assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-5)
+    # which the near-cancelling gradients of BatchNorm biases magnify: 7e-7 and 2e-7 here;
+    # statistics kept per device (bn="local") are off by 1.3 and 0.18.
+    assert_each_leaf_close(pmapped.params, reference.params, 1e-5)
+    assert_each_leaf_close(pmapped.model_state, reference.model_state, 1e-6)
     np.testing.assert_allclose(mk["loss_sum"], m1["loss_sum"], rtol=1e-6)
     for leaf in jax.tree.leaves(state.model_state):  # Running statistics agree on every replica.
         replicas = np.asarray(leaf)
