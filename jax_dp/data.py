@@ -196,7 +196,8 @@ def batches(data: Split, batch_size: int, *, pad_to: int = 1, order: np.ndarray 
 
     Each batch is padded with masked rows (mask 0) to a multiple of pad_to, and the
     last, partial batch is padded the same way, so every batch has one shape and every
-    example counts exactly once (drop_remainder skips the partial batch instead).
+    example counts exactly once (drop_remainder skips the partial batch instead). A padded
+    batch's real rows are spread over its pad_to groups (real_rows).
     """
     if batch_size < 1:
         raise ParamError("batch_size", f"{{}} must be at least 1, got {batch_size}")
@@ -205,11 +206,22 @@ def batches(data: Split, batch_size: int, *, pad_to: int = 1, order: np.ndarray 
     size = padded_size(batch_size, pad_to)
     for b in range(start, num_batches(n, batch_size, drop_remainder)):
         idx = order[b * batch_size:(b + 1) * batch_size]
-        image, label = data.images[idx], data.labels[idx]
-        mask = np.ones(size, np.float32)
-        if len(idx) < size:
-            pad = size - len(idx)
-            image = np.concatenate([image, np.zeros((pad,) + image.shape[1:], image.dtype)])
-            label = np.concatenate([label, np.zeros(pad, label.dtype)])
-            mask[len(idx):] = 0
+        if len(idx) == size:
+            yield {"image": data.images[idx], "label": data.labels[idx],
+                   "mask": np.ones(size, np.float32)}
+            continue
+        rows = real_rows(len(idx), size, pad_to)
+        image = np.zeros((size,) + data.images.shape[1:], data.images.dtype)
+        label, mask = np.zeros(size, data.labels.dtype), np.zeros(size, np.float32)
+        image[rows], label[rows], mask[rows] = data.images[idx], data.labels[idx], 1
         yield {"image": image, "label": label, "mask": mask}
+
+
+def real_rows(real: int, size: int, groups: int) -> np.ndarray:
+    """Where a padded batch of size rows keeps its `real` examples: spread over its `groups`
+    equal groups (one per device, or per micro-batch in the exact mode) as evenly as they go,
+    each group's real rows first, so no device is left with padding alone while another has
+    two real rows more (the book splits a partial batch the same way)."""
+    per_group = size // groups
+    counts = real // groups + (np.arange(groups) < real % groups)
+    return np.concatenate([g * per_group + np.arange(c) for g, c in enumerate(counts)])

@@ -118,7 +118,8 @@ def calls(n: int, batch_size: int, steps_per_call: int, *, pad_to: int = 1,
         index, mask = np.full((steps, size), n, np.int32), np.zeros((steps, size), np.float32)
         for i in range(steps):
             rows = order[(first + i) * batch_size:(first + i + 1) * batch_size]
-            index[i, :len(rows)], mask[i, :len(rows)] = rows, 1
+            at = data.real_rows(len(rows), size, pad_to)
+            index[i, at], mask[i, at] = rows, 1
         yield {"index": index.T, "mask": mask.T}
 
 

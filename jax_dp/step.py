@@ -29,9 +29,11 @@ def init_state(model: Model, tx: optax.GradientTransformation, key: jax.Array) -
 
 def zero_metrics() -> dict[str, jax.Array]:
     """Running sums over an epoch: loss, correct predictions, real examples, steps taken,
-    and the index of the first step whose loss or gradients were not finite (-1: none)."""
+    the index of the first step whose loss or gradients were not finite (-1: none) and what
+    was not finite in it (0: the loss, i + 1: the gradient of the params' leaf i)."""
     sums = {name: jnp.zeros((), jnp.float32) for name in ("loss_sum", "correct", "count")}
-    return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32)}
+    return {**sums, "steps": jnp.zeros((), jnp.int32), "first_bad": -jnp.ones((), jnp.int32),
+            "bad_part": -jnp.ones((), jnp.int32)}
 
 
 def compute_view(params: Any, x: jax.Array, compute_dtype: str = "float32") -> tuple[Any, jax.Array]:
@@ -104,13 +106,14 @@ def apply_gradients(state: TrainState, metrics: dict, grads: Any, new: dict, mod
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     stepped = TrainState(optax.apply_updates(state.params, updates), model_state, opt_state)
 
-    finite = jnp.isfinite(new["loss_sum"]) & jnp.all(
-        jnp.array([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    good = finite & (metrics["first_bad"] < 0)
-    state = jax.tree.map(lambda a, b: jnp.where(good, a, b), stepped, state)
-    metrics = add_metrics(metrics, new)
-    return state, {**metrics, "steps": metrics["steps"] + 1, "first_bad": jnp.where(
-        ~finite & (metrics["first_bad"] < 0), metrics["steps"], metrics["first_bad"])}
+    finite_parts = jnp.array([jnp.isfinite(new["loss_sum"])]
+                             + [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+    finite, first = jnp.all(finite_parts), metrics["first_bad"] < 0
+    state = jax.tree.map(lambda a, b: jnp.where(finite & first, a, b), stepped, state)
+    metrics, bad = add_metrics(metrics, new), ~finite & first
+    return state, {**metrics, "steps": metrics["steps"] + 1,
+                   "first_bad": jnp.where(bad, metrics["steps"], metrics["first_bad"]),
+                   "bad_part": jnp.where(bad, jnp.argmin(finite_parts), metrics["bad_part"])}
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,

@@ -24,7 +24,7 @@ from jax_dp.step import Steps, TrainState, init_state, zero_metrics
 
 
 class NonFiniteError(ParamError):
-    """Loss or gradients stopped being finite numbers."""
+    """The loss or a gradient stopped being a finite number (a diverging run, or bad data)."""
 
 
 class Interrupted(Exception):
@@ -251,7 +251,7 @@ def _epoch_result(steps: Steps, evaluate_step: Callable, state: TrainState, metr
                   time_s: float) -> dict:
     """The finished epoch's line of the history: its training sums and the test accuracy
     (through evaluate_step, steps.evaluate compiled ahead)."""
-    sums = _check_finite(steps.backend, metrics, position)
+    sums = _check_finite(steps.backend, metrics, position, state)
     return {"epoch": position.epoch + 1, "time_s": time_s,
             "test_acc": evaluate_accuracy(steps, state, test_data, batch_size, evaluate_step),
             "train_loss": sums["loss_sum"] / sums["count"],
@@ -272,7 +272,7 @@ def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics,
     stopping = stop.signum is not None and not finished
     if not (due or stopping):
         return
-    _check_finite(backend, metrics, position)  # Never save, nor stop quietly, past a bad step.
+    _check_finite(backend, metrics, position, state)  # Never save, nor stop quietly, past a bad step.
     if epoch_start is not None:  # After _check_finite waited for the steps.
         position = position._replace(epoch_s=time.perf_counter() - epoch_start)
     if ckpt:
@@ -282,12 +282,24 @@ def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics,
         raise Interrupted(stop.signum, where, str(ckpt.directory) if ckpt else None)
 
 
-def _check_finite(backend: Backend, metrics: dict, position: Position) -> dict:
-    """The epoch's sums on the host; NonFiniteError if a step went non-finite."""
+def _check_finite(backend: Backend, metrics: dict, position: Position,
+                  state: TrainState) -> dict:
+    """The epoch's sums on the host; NonFiniteError if a step went non-finite, naming it and
+    what went (the loss, or the first param whose gradient did)."""
     sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
     if sums["first_bad"] >= 0:
+        part = sums["bad_part"]
+        what = ("the loss" if part == 0 else
+                f"the gradient of {param_names(state.params)[part - 1]} (the loss was finite)")
         raise NonFiniteError("lr", (
-            f"loss or gradients became non-finite at epoch {position.epoch + 1}, step "
+            f"{what} became non-finite at epoch {position.epoch + 1}, step "
             f"{sums['first_bad'] + 1}; training stopped with the last good state "
-            "(and checkpoint): lower {}"))
+            "(and checkpoint): if the loss was diverging, lower {}; otherwise look for "
+            "a non-finite value in that step's data"))
     return sums
+
+
+def param_names(params) -> list[str]:
+    """Each leaf's path in params, as 'Conv_0/kernel', in the order of jax.tree.leaves."""
+    return ["/".join(str(getattr(key, "key", getattr(key, "idx", key))) for key in path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]

@@ -2,12 +2,13 @@
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp.models.batch_norm import normalize
+from jax_dp.models.batch_norm import BatchNorm, normalize
 
 
 def by_formula(x, mask, scale, bias, axis_name, epsilon):
@@ -37,7 +38,8 @@ def inputs(shape, masked_rows, seed=0):
 
 
 def vjp_of(fn, args, cots, axis_name=None):
-    out, pullback = jax.vjp(lambda x, mask, s, b: fn(x, mask, s, b, axis_name, 1e-5), *args)
+    """fn's normalised rows, mean and variance, and their vjp (the count has no gradient)."""
+    out, pullback = jax.vjp(lambda x, mask, s, b: fn(x, mask, s, b, axis_name, 1e-5)[:3], *args)
     return out, pullback(cots)
 
 
@@ -82,3 +84,31 @@ def test_k_devices_compute_the_one_device_gradients_in_float64(k):
     np.testing.assert_allclose(dx_k.reshape(dx.shape), dx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.asarray(dscale_k).sum(0), dscale, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(dbias_k).sum(0), dbias, rtol=1e-12)
+
+
+def test_a_shard_of_padding_alone_gives_the_bias_and_no_gradient():
+    """Per-device statistics over no real row (a device's shard of a partial batch): no 0/0,
+    every row is the bias whatever the padding holds, and nothing flows back to x or scale
+    (nor to the bias, from the masked loss's zero gradient on padded rows)."""
+    (x, mask, scale, bias), cots = inputs((4, 2, 2, 3), 4)
+    x[:] = 1e3
+    local = functools.partial(normalize, local=True)
+    (y, mean, var), (dx, _, dscale, dbias) = vjp_of(local, (x, mask, scale, bias), cots)
+    np.testing.assert_array_equal(y, np.broadcast_to(bias, y.shape).astype(np.float32))
+    for zero in (mean, var, dx, dscale):
+        np.testing.assert_array_equal(zero, 0.0)
+    np.testing.assert_allclose(dbias, cots[0].sum((0, 1, 2)), rtol=1e-6)
+    assert local(x, mask, scale, bias, None, 1e-5)[3].tolist() == [0, 0, 0]
+
+
+def test_running_statistics_stay_as_they_were_on_a_shard_of_padding_alone():
+    """Catches an update that still mixes in the empty shard's statistics (exactly: the same
+    bits, not 0.9 r + 0.1 r)."""
+    x = jax.random.normal(jax.random.key(0), (4, 2, 2, 3)) * 5 + 2
+    bn = BatchNorm(local=True)
+    variables = bn.init(jax.random.key(1), x, jnp.ones(4), train=False)
+    _, trained = bn.apply(variables, x, jnp.ones(4), train=True, mutable=["batch_stats"])
+    y, kept = bn.apply({**variables, **trained}, x, jnp.zeros(4), train=True,
+                       mutable=["batch_stats"])
+    assert np.isfinite(y).all()
+    chex.assert_trees_all_equal(kept, trained)

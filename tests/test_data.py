@@ -94,6 +94,18 @@ def test_batches_cover_every_example_once_in_equal_padded_shapes(n, batch_size, 
     assert sorted(seen) == list(range(n))
 
 
+@pytest.mark.parametrize("real,batch_size,k,per_device", [
+    (96, 512, 2, [48, 48]),  # The book's last batch at 512 on 2 GPUs.
+    (5, 8, 4, [2, 1, 1, 1]), (3, 8, 4, [1, 1, 1, 0]), (1, 4, 2, [1, 0]), (10, 10, 4, [3, 3, 2, 2])])
+def test_a_padded_batch_spreads_its_real_rows_over_the_devices(real, batch_size, k, per_device):
+    """Catches padding that leaves a device with padding alone while another holds two real
+    rows more (per-device BatchNorm then normalises over nothing), or real rows out of order."""
+    split = small_split(batch_size + real)
+    last = list(data.batches(split, batch_size, pad_to=k))[-1]
+    assert last["mask"].reshape(k, -1).sum(1).tolist() == per_device
+    assert last["label"][last["mask"] == 1].tolist() == list(range(batch_size, batch_size + real))
+
+
 def test_epoch_order_is_a_permutation_fixed_by_the_key():
     a, b, c = (data.epoch_order(10, jax.random.key(s)) for s in (3, 3, 4))
     assert sorted(a) == list(range(10))

@@ -33,7 +33,7 @@ def _normalize_fwd(x, mask, scale, bias, axis_name, epsilon):
     var = jnp.maximum(raw_var, 0.0)
     inv = lax.rsqrt(var + epsilon)
     y = x.map(lambda x: (x - mean) * inv * scale + bias)
-    return (y, mean, var), (x, m, mean, raw_var, inv, n, scale)
+    return (y, mean, var, n), (x, m, mean, raw_var, inv, n, scale)
 
 
 def _grads(dy, centred, inv):
@@ -45,7 +45,7 @@ def _grads(dy, centred, inv):
 
 def _normalize_bwd(axis_name, epsilon, residuals, cotangents):
     x, m, mean, raw_var, inv, n, scale = residuals
-    dy, dmean, dvar = cotangents
+    dy, dmean, dvar, _ = cotangents
     centred = x.map(lambda x: x - mean)
     # This device's parameter gradients (the train step sums them over devices once), and,
     # summed over every device, what the shared statistics get from all of them.

@@ -104,12 +104,14 @@ def make(bn: str = "sync", activation: str = "relu", num_classes: int = 10,
         variables = module.init(key, jnp.zeros((1, 28, 28, 1)), jnp.ones(1), train=False)
         return variables["params"], variables["batch_stats"]
 
+    local = module.clone(norm=partial(BatchNorm, local=True))  # Each device's shard alone.
+
     def apply(params, state, x, mask, *, train, axis_name):
-        synced = module.clone(axis_name=axis_name if bn == "sync" else None)
+        net = module.clone(axis_name=axis_name) if bn == "sync" else local
         variables = {"params": params, "batch_stats": state}
         if not train:
-            return synced.apply(variables, x, mask, train=False), state
-        logits, updates = synced.apply(variables, x, mask, train=True, mutable=["batch_stats"])
+            return net.apply(variables, x, mask, train=False), state
+        logits, updates = net.apply(variables, x, mask, train=True, mutable=["batch_stats"])
         return logits, updates["batch_stats"]
 
     return Model(init, apply, module=module if bn == "sync" else None)
