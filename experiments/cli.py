@@ -159,11 +159,19 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     p.add_argument("--heartbeat-timeout", type=at_least(1), default=10,
                    help="seconds without a heartbeat after which a process of a multi-process "
                         "run counts as lost and the run ends (exit code 3)")
-    p.add_argument("--data", default="debian", choices=config.DATA_SOURCES,
-                   help="Fashion-MNIST from Debian's IDX files (offline) or TFDS's download")
-    p.add_argument("--data-source", default="/usr/share/datasets/fashion-mnist",
-                   help="folder of the four IDX files, for --data debian")
-    p.add_argument("--data-dir", help="TFDS data dir ($TFDS_DATA_DIR, else ~/tensorflow_datasets)")
+    p.add_argument("--data", default="auto", choices=config.DATA_SOURCES,
+                   help="where Fashion-MNIST is prepared from, once: Debian's IDX files (debian, "
+                        "offline), TFDS's download of them (download), or the first that is "
+                        "there (auto)")
+    p.add_argument("--idx-dir", default=config.DEBIAN_DIR,
+                   help="folder holding the four IDX files (Debian's dataset-fashion-mnist)")
+    p.add_argument("--download-url", default=config.FASHION_MNIST_URL,
+                   help="where the four .gz files are downloaded from (TFDS's own URL, or a mirror)")
+    p.add_argument("--download-checksums", metavar="FILE",
+                   help="TFDS checksums file (URL, size, SHA-256, name per line) that a mirror's "
+                        "downloads must match (TFDS's own URL's are registered by TFDS)")
+    p.add_argument("--tfds-dir", help="TFDS data dir where the data is prepared "
+                                      "($TFDS_DATA_DIR, else ~/tensorflow_datasets)")
     p.set_defaults(model=model)
     return p
 
@@ -213,7 +221,8 @@ def load_data(args):
     """The train and test splits the flags ask for."""
     from jax_dp import data
 
-    load = dict(source=args.data, data_dir=args.data_dir, source_dir=args.data_source)
+    load = dict(source=args.data, tfds_dir=args.tfds_dir, idx_dir=args.idx_dir,
+                url=args.download_url, checksums=args.download_checksums)
     return (data.load_fashion_mnist("train", limit=args.train_examples, **load),
             data.load_fashion_mnist("test", limit=args.test_examples, **load))
 

@@ -6,8 +6,11 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -31,75 +34,111 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
 
 
-def _prepared_builder(data_dir, source_dir):
-    builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
+def _prepared_builder(tfds_dir, source, idx_dir, url, checksums):
+    """The prepared builder in tfds_dir, prepared first from where source says if need be."""
+    builder = fashion_mnist.FashionMnistIdx(data_dir=str(tfds_dir), file_format="array_record")
     if builder.is_prepared():  # Read only: a shared, read-only data dir serves as well.
         return builder
-    if Path(data_dir).exists() and not Path(data_dir).is_dir():
-        raise ParamError("data_dir", f"{data_dir} is a file: pass a folder as {{}}")
+    if Path(tfds_dir).exists() and not Path(tfds_dir).is_dir():
+        raise ParamError("tfds_dir", f"{tfds_dir} is a file: pass a folder as {{}}")
+    idx_dir, url = _origin(source, tfds_dir, idx_dir, url)
     try:
-        return _prepare(data_dir, source_dir)
+        return _prepare(tfds_dir, idx_dir, url, checksums)
     except OSError as e:
-        raise ParamError("data_dir", f"cannot prepare Fashion-MNIST in {data_dir} ({e.strerror}): "
+        raise ParamError("tfds_dir", f"cannot prepare Fashion-MNIST in {tfds_dir} ({e.strerror}): "
                          "pass a writable {} (or set TFDS_DATA_DIR)") from None
     except RuntimeError as e:  # TFDS's own report of a write that failed (a full disk).
         reason = "No space left on device" if "No space left" in str(e) else " ".join(
             str(e).split())[:120]
-        raise ParamError("data_dir", f"cannot prepare Fashion-MNIST in {data_dir} ({reason}): "
+        raise ParamError("tfds_dir", f"cannot prepare Fashion-MNIST in {tfds_dir} ({reason}): "
                          "free some space, or pass another {} (or set TFDS_DATA_DIR)") from None
 
 
-def _lock_path(data_dir) -> Path:
+def _origin(source, tfds_dir, idx_dir, url) -> tuple[str | None, str | None]:
+    """(idx_dir, None) to prepare from the IDX files there, or (None, url) to download them:
+    for 'auto', idx_dir where it holds them (Debian's, offline), else url where it answers."""
+    if source == "debian" or (source == "auto" and fashion_mnist.has_files(idx_dir)):
+        return idx_dir, None
+    if _reachable(url):
+        return None, url
+    if source == "download":
+        raise ParamError("data", f"Fashion-MNIST is not prepared in {tfds_dir} and its download "
+                         f"({url}) is not reachable: connect to the network, or use {{}} debian "
+                         "(Debian's dataset-fashion-mnist, offline)")
+    raise ParamError(("idx_dir", "data"), (
+        f"Fashion-MNIST is not prepared in {tfds_dir}, {idx_dir} does not hold its four IDX "
+        f"files, and TFDS's download of them ({url}) is not reachable: install Debian's "
+        "dataset-fashion-mnist (or pass {} DIR holding the files), or connect to the network "
+        "for {} download"))
+
+
+def _lock_path(tfds_dir) -> Path:
     """The lock a preparation holds until its files and their checksums are written."""
-    return Path(data_dir) / ".fashion_mnist_idx.lock"
+    return Path(tfds_dir) / ".fashion_mnist_idx.lock"
 
 
-def _prepare(data_dir, source_dir):
+def _prepare(tfds_dir, idx_dir, url, checksums=None):
+    """Prepare Fashion-MNIST in tfds_dir from the IDX files in idx_dir, or downloaded from url
+    (each download checked by TFDS against its registered checksums and those in checksums)."""
     import tensorflow_datasets as tfds  # Imported here: heavy, and only needed to prepare.
 
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
-    with open(_lock_path(data_dir), "w") as lock:
+    Path(tfds_dir).mkdir(parents=True, exist_ok=True)
+    with open(_lock_path(tfds_dir), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # Processes started together (test workers, ranks) prepare once.
         # A new builder sees what another process prepared while this one waited.
-        builder = fashion_mnist.FashionMnistIdx(data_dir=str(data_dir), file_format="array_record")
-        if not builder.is_prepared():
-            fashion_mnist.check_source(source_dir)
-            print(f"preparing Fashion-MNIST from {source_dir} into {data_dir} (once)", file=sys.stderr)
-            tfds.disable_progress_bar()
+        builder = fashion_mnist.FashionMnistIdx(data_dir=str(tfds_dir), file_format="array_record")
+        if builder.is_prepared():
+            return builder
+        tfds.disable_progress_bar()
+        if url is None:
+            fashion_mnist.check_source(idx_dir)
+            print(f"preparing Fashion-MNIST from {idx_dir} into {tfds_dir} (once)", file=sys.stderr)
             builder.download_and_prepare(
-                download_config=tfds.download.DownloadConfig(manual_dir=str(source_dir)))
-            record_checksums(Path(builder.data_dir))
-    return builder
-
-
-# Where TFDS downloads fashion_mnist from: its own bucket, else the dataset's site.
-TFDS_HOSTS = ("storage.googleapis.com", "fashion-mnist.s3-website.eu-central-1.amazonaws.com")
-
-
-def _reachable(host: str, port: int = 443, timeout_s: float = 3.0) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
-
-
-def _tfds_builder(data_dir):
-    import tensorflow_datasets as tfds
-
-    builder = tfds.builder("fashion_mnist", data_dir=str(data_dir), file_format="array_record")
-    if builder.is_prepared():
-        return builder
-    if not any(_reachable(host) for host in TFDS_HOSTS):  # Else TFDS retries for minutes.
-        raise ParamError("data", f"TFDS's fashion_mnist is not in {data_dir} and downloading it "
-                         f"needs the network, which is not reachable: use {{}} debian (offline)")
-    try:
-        builder.download_and_prepare()
+                download_config=tfds.download.DownloadConfig(manual_dir=str(idx_dir)))
+        else:
+            print(f"downloading Fashion-MNIST from {url} and preparing it into {tfds_dir} (once)",
+                  file=sys.stderr)
+            builder.url, builder.checksums = url, checksums and str(checksums)
+            _download_and_prepare(builder, Path(tfds_dir) / "downloads" / builder.name)
         record_checksums(Path(builder.data_dir))
-    except Exception as e:  # TFDS raises many kinds; the user needs one line.
-        raise ParamError("data", f"TFDS could not download fashion_mnist ({type(e).__name__}); "
-                         "use {} debian offline") from None
     return builder
+
+
+def _download_and_prepare(builder, download_dir: Path) -> None:
+    """builder prepared from the four files downloaded from builder.url into download_dir,
+    which is deleted if any download fails or is damaged (TFDS would otherwise reuse it)."""
+    from tensorflow_datasets.core.download.download_manager import NonMatchingChecksumError
+
+    url = builder.url
+    fix = "nothing was prepared, and the download was deleted: run again to download it anew"
+    try:
+        builder.download_and_prepare(download_dir=str(download_dir))
+    except NonMatchingChecksumError as e:
+        shutil.rmtree(download_dir, ignore_errors=True)
+        name = (re.search(r"Artifact (\S+), ", str(e)) or re.search("(.*)", url))[1]
+        raise ParamError("data", f"{name} does not match the checksum TFDS registers for it "
+                         f"(a damaged or altered download): {fix}, or use {{}} debian") from None
+    except ValueError as e:  # read_idx: the decompressed bytes are not Fashion-MNIST's.
+        shutil.rmtree(download_dir, ignore_errors=True)
+        raise ParamError("data", f"{str(e).split(': ')[0]}: {fix}, or use {{}} debian") from None
+    except Exception as e:  # A connection lost or refused mid-download, in TFDS's many kinds.
+        if isinstance(e, OSError) and e.errno is not None:
+            raise  # The data dir's own failure: _prepared_builder names it.
+        shutil.rmtree(download_dir, ignore_errors=True)
+        reason = " ".join(str(e).split())[:120]
+        raise ParamError("data", f"downloading Fashion-MNIST from {url} failed ({type(e).__name__}"
+                         f": {reason}): {fix}, or use {{}} debian") from None
+
+
+def _reachable(url: str, timeout_s: float = 3.0) -> bool:
+    """Whether url's host accepts a connection (else TFDS retries for minutes)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 CHECKSUMS = "sha256.json"  # Beside the prepared files: what the preparation wrote.
@@ -118,7 +157,7 @@ def _recorded(record: Path) -> dict | None:
     try:
         return json.loads(record.read_text()) if record.exists() else None
     except (ValueError, OSError) as e:
-        raise ParamError("data_dir", f"{record} cannot be read ({type(e).__name__}): delete "
+        raise ParamError("tfds_dir", f"{record} cannot be read ({type(e).__name__}): delete "
                          f"{record.parent} and run again to prepare it anew") from None
 
 
@@ -134,25 +173,29 @@ def check_prepared(folder: Path, split: str, lock: Path | None = None) -> None:
         recorded = _recorded(record)
     fix = f"delete {folder} and run again to prepare it anew"
     if recorded is None:
-        raise ParamError("data_dir", f"{folder} holds prepared data without the checksums its "
+        raise ParamError("tfds_dir", f"{folder} holds prepared data without the checksums its "
                          f"preparation records ({CHECKSUMS}): {fix}")
     for path in sorted(folder.glob(f"*-{split}.array_record*")):
         if recorded.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest():
-            raise ParamError("data_dir", f"{path} is not what was prepared (its SHA-256 is not the "
+            raise ParamError("tfds_dir", f"{path} is not what was prepared (its SHA-256 is not the "
                              f"one recorded in {record}): {fix}")
 
 
-def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
-                       source_dir=fashion_mnist.DEBIAN_DIR, limit: int | None = None) -> Split:
-    """Load a whole split ('train' or 'test'), preparing the TFDS data on first use."""
+def load_fashion_mnist(split: str, *, source: str = "auto", tfds_dir=None,
+                       idx_dir=fashion_mnist.DEBIAN_DIR, url: str = fashion_mnist.URL,
+                       checksums=None, limit: int | None = None) -> Split:
+    """Load a whole split ('train' or 'test'), preparing it in tfds_dir (TFDS's data dir) on
+    first use: from the IDX files in idx_dir (source 'debian'), downloaded from url
+    ('download'), or the first of these that is there ('auto'). Every source prepares the
+    same verified bytes. checksums: a TFDS checksums file for a mirror's url."""
     check_choice("split", split, tuple(fashion_mnist.SPLITS))
-    data_dir = data_dir or default_data_dir()
+    tfds_dir = tfds_dir or default_data_dir()
     # TFDS logs info and warnings, Orbax failed saves (reported in one line): none are for users.
     absl.logging.set_verbosity(absl.logging.FATAL)
     check_choice("data", source, DATA_SOURCES)
-    builder = _prepared_builder(data_dir, source_dir) if source == "debian" else _tfds_builder(data_dir)
+    builder = _prepared_builder(tfds_dir, source, idx_dir, url, checksums)
     folder = Path(builder.data_dir)
-    check_prepared(folder, split, _lock_path(data_dir) if source == "debian" else None)
+    check_prepared(folder, split, _lock_path(tfds_dir))
     if limit is not None and limit < 1:
         raise ParamError(f"{split}_examples", f"{{}} must be at least 1, got {limit}")
     try:
@@ -160,7 +203,7 @@ def load_fashion_mnist(split: str, *, source: str = "debian", data_dir=None,
         n = len(records) if limit is None else min(limit, len(records))
         examples = records.__getitems__(range(n))
     except Exception as e:  # Riegeli and TFDS raise many kinds for a file they cannot parse.
-        raise ParamError("data_dir", f"cannot read the prepared {split} split in {folder} "
+        raise ParamError("tfds_dir", f"cannot read the prepared {split} split in {folder} "
                          f"({type(e).__name__}: {' '.join(str(e).split())[:100]}): delete "
                          f"{folder} and run again to prepare it anew") from None
     images = np.stack([e["image"] for e in examples]).astype(np.float32) / 255.0

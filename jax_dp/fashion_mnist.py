@@ -1,4 +1,4 @@
-"""A TFDS builder for Fashion-MNIST over local IDX files, verified before preparing."""
+"""A TFDS builder for Fashion-MNIST over its IDX files, local or downloaded, verified before preparing."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import tensorflow_datasets as tfds
 
-DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
+from jax_dp.config import DEBIAN_DIR, FASHION_MNIST_URL as URL  # noqa: F401  (read here too)
+
 FIX = ("install the data with `apt-get install --reinstall dataset-fashion-mnist` "
-       "or pass --data-source DIR holding the four IDX files")
+       "or pass --idx-dir DIR holding the four IDX files")
 
 # SHA-256 of the decompressed IDX files of the published Fashion-MNIST.
 FILES = {
@@ -24,34 +25,43 @@ FILES = {
 SPLITS = {"train": "train", "test": "t10k"}
 
 
-def idx_path(source_dir: str | Path, name: str) -> Path:
+def idx_path(idx_dir: str | Path, name: str) -> Path:
     """The file for one IDX name: plain or gzipped; a clear error if neither exists."""
-    for path in (Path(source_dir) / f"{name}.gz", Path(source_dir) / name):
+    for path in (Path(idx_dir) / f"{name}.gz", Path(idx_dir) / name):
         if path.is_file():
             return path
-    raise ValueError(f"Fashion-MNIST file {name}(.gz) is missing from {source_dir}: {FIX}")
+    raise ValueError(f"Fashion-MNIST file {name}(.gz) is missing from {idx_dir}: {FIX}")
 
 
-def read_idx(source_dir: str | Path, name: str) -> bytes:
-    """The decompressed bytes of one IDX file, refused unless their SHA-256 is the published one."""
-    path = idx_path(source_dir, name)
+def has_files(idx_dir: str | Path) -> bool:
+    """Whether idx_dir holds a file (plain or gzipped) for each of the four IDX names."""
+    return all((Path(idx_dir) / n).is_file() or (Path(idx_dir) / f"{n}.gz").is_file()
+               for n in FILES)
+
+
+def read_idx(path: Path, name: str, fix: str = FIX) -> bytes:
+    """The decompressed bytes of IDX file name at path (gzipped or not), refused unless their
+    SHA-256 is the published one."""
     try:
-        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        raw = Path(path).read_bytes()
+        data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     except (OSError, EOFError, zlib.error) as e:
-        raise ValueError(f"{path} is truncated or corrupted ({e}): {FIX}") from None
+        raise ValueError(f"{path} is truncated or corrupted ({e}): {fix}") from None
     if hashlib.sha256(data).hexdigest() != FILES[name]:
-        raise ValueError(f"{path} is corrupted (its SHA-256 is not Fashion-MNIST's): {FIX}")
+        raise ValueError(f"{path} is corrupted (its SHA-256 is not Fashion-MNIST's): {fix}")
     return data
 
 
-def check_source(source_dir: str | Path) -> None:
+def check_source(idx_dir: str | Path) -> None:
     """Fail fast, before TFDS starts, when any of the four files is missing or corrupted."""
     for name in FILES:
-        read_idx(source_dir, name)
+        read_idx(idx_path(idx_dir, name), name)
 
 
 class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
-    """Fashion-MNIST read from a manual dir of IDX files (Debian's dataset-fashion-mnist)."""
+    """Fashion-MNIST from its four IDX files: those of a folder given as TFDS's manual dir
+    (Debian's dataset-fashion-mnist), else downloaded from `url` (TFDS's own fashion_mnist's
+    files; TFDS checks each download against the checksums registered for its URL)."""
 
     VERSION = tfds.core.Version("1.0.0")
     MANUAL_DOWNLOAD_INSTRUCTIONS = f"Put the four IDX files in the manual dir, or {FIX}."
@@ -69,14 +79,31 @@ class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
             homepage="https://github.com/zalandoresearch/fashion-mnist",
         )
 
+    url: str | None = None  # Set on the instance to download instead of reading the manual dir.
+    checksums: str | None = None  # A TFDS checksums file for url's files (a mirror's), if any.
+
+    @property
+    def url_infos(self):
+        """The checksums TFDS checks downloads against, beside those it registers itself."""
+        if self.checksums is None:
+            return None
+        from tensorflow_datasets.core.download.checksums import load_url_infos
+        return load_url_infos(self.checksums)
+
     def _split_generators(self, dl_manager):
-        return {split: self._generate_examples(dl_manager.manual_dir, prefix)
+        if self.url is None:
+            paths = {name: idx_path(dl_manager.manual_dir, name) for name in FILES}
+            fix = FIX
+        else:
+            paths = dl_manager.download({name: f"{self.url}{name}.gz" for name in FILES})
+            fix = f"delete {dl_manager.download_dir} and run again to download it anew"
+        return {split: self._generate_examples(paths, prefix, fix)
                 for split, prefix in SPLITS.items()}
 
-    def _generate_examples(self, source_dir, prefix):
-        images = np.frombuffer(read_idx(source_dir, f"{prefix}-images-idx3-ubyte"), np.uint8,
+    def _generate_examples(self, paths, prefix, fix):
+        images, labels = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+        images = np.frombuffer(read_idx(paths[images], images, fix), np.uint8,
                                offset=16).reshape(-1, 28, 28, 1)
-        labels = np.frombuffer(read_idx(source_dir, f"{prefix}-labels-idx1-ubyte"), np.uint8,
-                               offset=8)
+        labels = np.frombuffer(read_idx(paths[labels], labels, fix), np.uint8, offset=8)
         for i, (image, label) in enumerate(zip(images, labels)):
             yield i, {"image": image, "label": int(label)}

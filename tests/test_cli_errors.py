@@ -47,7 +47,7 @@ BAD_VALUES = [
     (["--batch-size", "1000", "--drop-remainder"],
      "--batch-size 1000 is more than the 512 training examples (--train-examples): pass at most 512"),
     (["--batch-size", "64,100000", "--devices", "1,2"], "--batch-size 100000 is more than the 512"),
-    (["--data-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --data-dir"),
+    (["--tfds-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --tfds-dir"),
     (["--num-processes", "0"], "--num-processes must be at least 1, got 0"),
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout: must be an integer of at least 1, got '0'"),
     (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],

@@ -26,7 +26,6 @@ from jax_dp.errors import ParamError
     ({"lr": -0.1}, "lr must be a positive finite number, got -0.1"),
     ({"warmup_epochs": -1.0}, "warmup_epochs must be 0 or more, got -1.0"),
     ({"epochs": 0}, "epochs must be at least 1, got 0"),
-    ({"data": "web"}, "unknown data 'web': use one of debian, tfds"),
     ({"train_examples": 0}, "train_examples must be at least 1, got 0"),
     ({"train_examples": 100_000},
      "train_examples 100000 is more than the 60,000 train images of Fashion-MNIST: pass 60000 or fewer"),
@@ -92,7 +91,7 @@ SAVED = TrainConfig(options={"conv": "auto", "activation": "relu", "conv_grads":
 # A value unlike SAVED's for every field and model option.
 OTHER = {"model": "resnet18", "backend": "jit", "allreduce": "ring", "devices": 2, "batch_size": 128,
          "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True, "drop_remainder": True,
-         "data": "tfds", "train_examples": 1000, "test_examples": 100, "compute_dtype": "bfloat16"}
+         "train_examples": 1000, "test_examples": 100, "compute_dtype": "bfloat16"}
 
 
 def test_every_field_has_a_differing_value_to_try():

@@ -66,8 +66,13 @@ BAD_FLAGS = [
     (["--steps-per-call", "0"], "--steps-per-call must be at least 1, got 0"),
     (["--devices", "1,2", "--lr", "0.1,0.2,0.3"], "--lr has 3 values for 2 device counts"),
     (["--json", "/nonexistent/dir/runs.json"], "cannot write /nonexistent/dir/runs.json"),
-    (["--data-source", "/nonexistent", "--data-dir", "{tmp}"],
+    (["--data", "debian", "--idx-dir", "/nonexistent", "--tfds-dir", "{tmp}"],
      "is missing from /nonexistent"),
+    # Offline, without Debian's files: --data auto names both ways to the data.
+    (["--idx-dir", "/nonexistent", "--download-url", "http://127.0.0.1:9/", "--tfds-dir", "{tmp}"],
+     "/nonexistent does not hold its four IDX files, and TFDS's download of them "
+     "(http://127.0.0.1:9/) is not reachable: install Debian's dataset-fashion-mnist (or pass "
+     "--idx-dir DIR holding the files), or connect to the network for --data download"),
     (["--model", "lenet"], "unrecognized arguments: --model lenet"),
     (["--devices", "999"], "--devices 999 is more than the 256 CPU devices XLA can simulate"),
     (["--train-examples", "100000"], "--train-examples 100000 is more than the 60,000 train images"),
