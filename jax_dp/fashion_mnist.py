@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import zlib
 from pathlib import Path
 
@@ -28,14 +29,15 @@ SPLITS = {"train": "train", "test": "t10k"}
 def idx_path(idx_dir: str | Path, name: str) -> Path:
     """The file for one IDX name: plain or gzipped; a clear error if neither exists."""
     for path in (Path(idx_dir) / f"{name}.gz", Path(idx_dir) / name):
-        if path.is_file():
+        if os.path.isfile(path):
             return path
     raise ValueError(f"Fashion-MNIST file {name}(.gz) is missing from {idx_dir}: {FIX}")
 
 
 def has_files(idx_dir: str | Path) -> bool:
     """Whether idx_dir holds a file (plain or gzipped) for each of the four IDX names."""
-    return all((Path(idx_dir) / n).is_file() or (Path(idx_dir) / f"{n}.gz").is_file()
+    # os.path.isfile: False, not an error, for a folder this user may not read.
+    return all(os.path.isfile(Path(idx_dir) / n) or os.path.isfile(Path(idx_dir) / f"{n}.gz")
                for n in FILES)
 
 
