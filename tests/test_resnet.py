@@ -176,3 +176,80 @@ def test_evaluation_is_deterministic_and_counts_every_example():
 def test_unknown_bn_mode_is_refused():
     with pytest.raises(ValueError, match="unknown bn 'global'"):
         models.get_model("resnet18", bn="global")
+
+
+def torch_resnet_like(params, stage_channels, blocks_per_stage):
+    """experiments.measure.torch_peer's ResNet-18 (independent code) holding jax_dp's params
+    (by layer path, as 'Residual_0/Conv_1'), in float64; and each PyTorch param by its jax_dp
+    twin's path ('Residual_0/Conv_1/kernel')."""
+    import torch
+
+    from experiments.measure import torch_peer
+
+    net = torch_peer.resnet18(stage_channels, blocks_per_stage).double()
+    twins = {}
+
+    def put(module, path, kind):
+        leaves = {"conv": {"weight": ("kernel", (3, 2, 0, 1)), "bias": ("bias", None)},
+                  "bn": {"weight": ("scale", None), "bias": ("bias", None)},
+                  "dense": {"weight": ("kernel", (1, 0)), "bias": ("bias", None)}}[kind]
+        for name, (leaf, order) in leaves.items():
+            if getattr(module, name, None) is None:
+                continue
+            value = torch.tensor(np.asarray(params[path][leaf], np.float64))
+            getattr(module, name).data.copy_(value.permute(*order) if order else value)
+            twins[f"{path}/{leaf}"] = getattr(module, name)
+
+    put(net[0], "Conv_0", "conv")
+    put(net[1], "BatchNorm_0", "bn")
+    blocks = [m for m in net if isinstance(m, torch_peer.Residual)]
+    for i, block in enumerate(blocks):
+        for module, name, kind in ((block.conv1, "Conv_0", "conv"), (block.conv2, "Conv_1", "conv"),
+                                   (block.conv3, "Conv_2", "conv"), (block.bn1, "BatchNorm_0", "bn"),
+                                   (block.bn2, "BatchNorm_1", "bn")):
+            if module is not None:
+                put(module, f"Residual_{i}/{name}", kind)
+    put(net[-1], "Dense_0", "dense")
+    return net, twins
+
+
+def test_the_resnet_and_its_gradients_equal_an_independent_pytorch_resnet_in_float64():
+    """Catches a block that drops its shortcut, a layer out of place or a wrong stride: one
+    training step's logits and every gradient against experiments.measure.torch_peer's
+    ResNet-18 (same code path as ResNet-18, narrow: tests/tiny_resnet.py), same weights."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    params, state = jax.jit(TINY.init)(jax.random.key(0))
+    # Weights far from the init's near-zero scale, BatchNorm's scale and bias not 1 and 0: each
+    # layer then shows in the logits.
+    params = jax.tree.map(lambda a: np.asarray(a) + rng.normal(0, 0.3, a.shape), params)
+    x, y = rng.random((6, 28, 28, 1)), rng.integers(0, 10, 6)
+    with jax.enable_x64(True):
+        params64, state64 = parity.cast((params, state), jnp.float64)
+
+        def loss(p):
+            logits, _ = TINY.apply(p, state64, jnp.asarray(x), jnp.ones(6), train=True,
+                                   axis_name=None)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(y)).mean(), logits
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params64)
+    flat = {"/".join(k.key for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params64)[0]}
+    layered = {}
+    for key, leaf in flat.items():
+        layer, name = key.rsplit("/", 1)
+        layered.setdefault(layer, {})[name] = leaf
+    net, twins = torch_resnet_like(layered, (8, 16), 1)
+    net.train()
+    out = net(torch.tensor(x).permute(0, 3, 1, 2))
+    torch.nn.functional.cross_entropy(out, torch.tensor(y)).backward()
+    np.testing.assert_allclose(out.detach().numpy(), logits, rtol=1e-9, atol=1e-9)
+    got = {"/".join(k.key for k in path): leaf
+           for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]}
+    assert set(twins) == set(got)
+    for key, param in twins.items():
+        want = param.grad.numpy()
+        order = (3, 2, 0, 1) if key.endswith("kernel") and want.ndim == 4 else \
+            (1, 0) if key.endswith("kernel") else None
+        mine = np.transpose(np.asarray(got[key]), order) if order else np.asarray(got[key])
+        np.testing.assert_allclose(mine, want, rtol=1e-7, atol=1e-9 * np.abs(want).max(), err_msg=key)

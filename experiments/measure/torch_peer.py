@@ -36,15 +36,17 @@ class Residual(nn.Module):
         return F.relu(y + (self.conv3(x) if self.conv3 is not None else x))
 
 
-def resnet18() -> nn.Module:
-    """The small-input ResNet-18 of jax_dp.models.resnet, in PyTorch."""
-    layers, c_in = [nn.Conv2d(1, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()], 64
-    for stage, c in enumerate((64, 128, 256, 512)):
-        for block in range(2):
+def resnet18(stage_channels=(64, 128, 256, 512), blocks_per_stage=2) -> nn.Module:
+    """The small-input ResNet-18 of jax_dp.models.resnet, in PyTorch (narrower and shallower
+    with its arguments, as resnet.make's)."""
+    c_in = stage_channels[0]
+    layers = [nn.Conv2d(1, c_in, 3, padding=1, bias=False), nn.BatchNorm2d(c_in), nn.ReLU()]
+    for stage, c in enumerate(stage_channels):
+        for block in range(blocks_per_stage):
             down = stage > 0 and block == 0
             layers.append(Residual(c_in, c, use_1x1conv=down, strides=2 if down else 1))
             c_in = c
-    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, 10))
 
 
 MODELS = {"lenet": lenet, "resnet18": resnet18}
