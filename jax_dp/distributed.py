@@ -162,11 +162,16 @@ def check_same(configs: list) -> None:
         return
     from jax.experimental import multihost_utils
 
-    text = json.dumps([c.fields() for c in configs], sort_keys=True).encode()
+    text = json.dumps(agreed(configs), sort_keys=True).encode()
     buffer = np.zeros(_CONFIG_BYTES, np.uint8)
     buffer[:len(text)] = np.frombuffer(text[:_CONFIG_BYTES], np.uint8)
     gathered = np.asarray(multihost_utils.process_allgather(buffer))
-    runs = [json.loads(bytes(row).rstrip(b"\0")) for row in gathered]
+    check_agree([json.loads(bytes(row).rstrip(b"\0")) for row in gathered])
+
+
+def check_agree(runs: list[list[dict]]) -> None:
+    """Refuse, naming the first field and both values, processes whose runs (each process's
+    configs' fields) are not all process 0's."""
     for rank, theirs in enumerate(runs):
         if theirs != runs[0]:
             names, words = _differences(runs[0], theirs)
@@ -177,6 +182,11 @@ def check_same(configs: list) -> None:
 
 
 _CONFIG_BYTES = 1 << 14  # A run's configs as JSON take well under 1 KB each.
+
+
+def agreed(configs: list) -> list[dict]:
+    """What the processes of a run must agree on: every field of every run's config."""
+    return [c.fields() for c in configs]
 
 
 def _differences(ours: list[dict], theirs: list[dict]) -> tuple[list[str], list[tuple]]:

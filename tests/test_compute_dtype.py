@@ -98,3 +98,20 @@ def test_the_exact_mode_with_bfloat16_is_refused():
 def test_an_unknown_compute_dtype_is_refused():
     with pytest.raises(ParamError, match="float16"):
         TrainConfig(compute_dtype="float16")
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_the_cross_entropy_takes_float32_logits(compute_dtype, monkeypatch):
+    """Catches bfloat16 logits reaching the loss (the mask's float32 would still make the sum
+    float32): the dtype the loss sees, recorded while the step is traced."""
+    seen = []
+    loss = optax.softmax_cross_entropy_with_integer_labels
+    monkeypatch.setattr(step_lib.optax, "softmax_cross_entropy_with_integer_labels",
+                        lambda logits, labels: seen.append(logits.dtype) or loss(logits, labels))
+    model, tx = MODELS["lenet"], optax.sgd(0.1)
+    step = step_lib.make_steps(model, tx, make_backend("single", get_devices(1)),
+                               compute_dtype=compute_dtype).train_step
+    state = step_lib.init_state(model, tx, jax.random.key(0))
+    batch = data.zero_batch(4)
+    jax.make_jaxpr(step)(state, step_lib.zero_metrics(), batch)
+    assert seen == [jnp.float32]

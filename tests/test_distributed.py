@@ -1,5 +1,6 @@
 """Several processes, one run: 2 processes x 2 CPU devices train like 1 process x 4."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -315,3 +316,32 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
     assert got[0] == want[1][0] == 50
     assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
                for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1][1])))
+
+
+# A value unlike TrainConfig's default for every field and option a process could be given.
+OTHER = {"model": "resnet18", "backend": "shard_map", "allreduce": "star", "devices": 4,
+         "batch_size": 32, "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True,
+         "compute_dtype": "bfloat16", "drop_remainder": True, "train_examples": 1000,
+         "test_examples": 32}
+
+
+@pytest.mark.parametrize("field", sorted(OTHER) + ["conv"])
+def test_processes_that_differ_in_any_field_are_refused_naming_it(field):
+    """Catches a field left out of what the processes compare (the seed was once)."""
+    from jax_dp import distributed
+    from jax_dp.config import TrainConfig
+    from jax_dp.errors import ParamError
+
+    ours = TrainConfig(options={"conv": "auto"})
+    theirs = dataclasses.replace(ours, **({field: OTHER[field]} if field in OTHER else
+                                          {"options": {"conv": "xla"}}))
+    with pytest.raises(ParamError, match=rf"^processes disagree: {field} .* on process 0, "
+                                         rf"{field} .* on process 1:"):
+        distributed.check_agree([distributed.agreed([ours]), distributed.agreed([theirs])])
+    distributed.check_agree([distributed.agreed([ours])] * 2)
+
+
+def test_every_field_has_a_value_to_disagree_on():
+    from jax_dp.config import TrainConfig
+
+    assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)} - {"options"}

@@ -176,3 +176,29 @@ def test_help_states_each_default_once():
     assert "(default: None)" not in text and "(default: False)" not in text
     assert "--train-examples TRAIN_EXAMPLES train on the first N training examples (default: 60000)" in text
     assert "--seed SEED seed of params and data order (default: 0)" in text
+
+
+# A value unlike the default for every TrainConfig field that has a flag of its name (the
+# model's options and the per-run devices, batch size and lr have their own checks).
+FLAG_VALUES = {"backend": ("shard_map", "shard_map"), "allreduce": ("star", "star"),
+               "warmup_epochs": ("0.5", 0.5), "epochs": ("7", 7), "seed": ("3", 3),
+               "exact": (None, True), "compute_dtype": ("bfloat16", "bfloat16"),
+               "drop_remainder": (None, True), "train_examples": ("1000", 1000),
+               "test_examples": ("500", 500)}
+
+
+@pytest.mark.parametrize("field", sorted(FLAG_VALUES))
+def test_each_flag_reaches_the_trainconfig_it_builds(field):
+    """Catches a flag parsed but dropped (or renamed) between the command line and the run."""
+    from experiments import cli, lenet
+
+    flag, (text, value) = f"--{field.replace('_', '-')}", FLAG_VALUES[field]
+    args = lenet.parser().parse_args([flag] if text is None else [flag, text])
+    assert all(getattr(config, field) == value for config in cli.configs(args))
+    default = cli.configs(lenet.parser().parse_args([]))[0]
+    assert getattr(default, field) != value
+
+
+def test_every_trainconfig_field_has_a_flag_value_to_try():
+    per_run = {"devices", "batch_size", "lr", "options", "model"}
+    assert set(FLAG_VALUES) == {f.name for f in dataclasses.fields(TrainConfig)} - per_run

@@ -10,6 +10,7 @@ import pytest
 
 from jax_dp import data, models, step as step_lib, train
 from jax_dp.models.lenet import lenet
+from jax_dp.models.model import Model
 from jax_dp.backends import make_backend
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
@@ -122,3 +123,31 @@ def test_each_epoch_has_its_own_order_fixed_by_the_key_and_the_epoch():
     train.train(config, split, data.Split(split.images[:16], split.labels[:16]), log=lambda _: None,
                 on_step=lambda position: seen.setdefault(position.epoch, position.order))
     assert [seen[epoch].tolist() for epoch in range(3)] == [order.tolist() for order in orders]
+
+
+def test_the_warmup_schedule_rises_linearly_over_its_steps_then_holds():
+    """Catches a warmup that starts late or early, or never ends: the lr of each step, read
+    from the update of a unit gradient, is lr * t / (warmup_epochs * steps per epoch)."""
+    config = TrainConfig(lr=0.4, warmup_epochs=0.5, batch_size=100, train_examples=1000)
+    tx = train.optimizer(config)  # 10 steps an epoch: 5 of warmup.
+    params = {"w": np.zeros(1, np.float32)}
+    state, lrs = tx.init(params), []
+    for _ in range(8):
+        updates, state = tx.update({"w": np.ones(1, np.float32)}, state, params)
+        lrs.append(-float(updates["w"][0]))
+    np.testing.assert_allclose(lrs, [0.0, 0.08, 0.16, 0.24, 0.32, 0.4, 0.4, 0.4], rtol=1e-6)
+
+
+def test_evaluation_never_counts_a_padded_row_as_correct():
+    """Padded rows carry label 0: a model that always predicts 0 gets exactly the real rows
+    whose label is 0 right, not the padding too (13 examples padded to 16 on 4 devices)."""
+    zero = Model(lambda key: ({"b": np.zeros(10, np.float32)}, {}),
+                        lambda params, state, x, mask, *, train, axis_name: (
+                            jax.numpy.zeros((x.shape[0], 10)).at[:, 0].set(1.0) + params["b"],
+                            state))
+    steps = step_lib.make_steps(zero, optax.sgd(0.1), make_backend("pmap", get_devices(4)))
+    state = steps.backend.replicate(step_lib.init_state(zero, optax.sgd(0.1), jax.random.key(0)))
+    labels = np.array([0, 1, 0, 2, 3, 0, 4, 5, 6, 7, 8, 9, 1], np.int32)
+    split = data.Split(np.zeros((13, 28, 28, 1), np.float32), labels)
+    totals = train.evaluate(steps, state, split, batch_size=16)
+    assert totals["count"] == 13 and totals["correct"] == 3
