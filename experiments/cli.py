@@ -230,8 +230,11 @@ def load_data(args):
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
     from jax_dp import checkpoint, devices, distributed, models, train  # JAX starts later.
-    from jax_dp.config import MICRO_BATCHES, RunOptions
+    from jax_dp.config import LONGEST_S, MICRO_BATCHES, RunOptions, check_seconds
 
+    # Checked here, not only when a multi-process run starts: the flags are wrong either way.
+    check_seconds("start_timeout", args.start_timeout, LONGEST_S - 30)  # JAX's: 30 s later.
+    check_seconds("heartbeat_timeout", args.heartbeat_timeout)
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     check_writable(args.json if primary else None)

@@ -25,6 +25,19 @@ MICRO_BATCHES = 8  # The exact mode's micro-batches per global batch (jax_dp.exa
 PLACEMENT = ("devices", "backend", "allreduce")
 
 
+# JAX's runtime takes its timeouts as whole seconds in a 32-bit int (a larger one fails as
+# "incompatible function arguments"); about 68 years, the longest timeout any flag takes.
+LONGEST_S = 2**31 - 1
+
+
+def check_seconds(name: str, seconds, longest: float = LONGEST_S) -> None:
+    """Refuse a timeout that is not a finite, positive number of seconds up to longest."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds)
+            and 0 < seconds <= longest):
+        raise ParamError(name, f"{{}} must be a positive number of seconds up to {longest:.0f}, "
+                         f"got {seconds}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """What a run computes: two runs with equal configs give bitwise-equal params.
@@ -150,10 +163,8 @@ class RunOptions:
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
             raise ParamError("checkpoint_every", f"{{}} must be 0 (epoch ends only) or more, "
                              f"got {self.checkpoint_every}")
-        if self.step_timeout is not None and not (math.isfinite(self.step_timeout)
-                                                  and self.step_timeout > 0):
-            raise ParamError("step_timeout", f"{{}} must be a positive number of seconds, got "
-                             f"{self.step_timeout}")
+        if self.step_timeout is not None:
+            check_seconds("step_timeout", self.step_timeout)
         if self.steps_per_call is not None:
             _at_least("steps_per_call", self.steps_per_call, 1)
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:

@@ -13,6 +13,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jax_dp.config import LONGEST_S, check_seconds
 from jax_dp.errors import ParamError
 
 
@@ -78,15 +79,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                          "and --process-id I (or run it with python -m experiments.launch)")
     if not slurm and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
-    if not (timeout_s > 0):
-        raise ParamError("start_timeout", f"{{}} must be a positive number of seconds, got "
-                         f"{timeout_s}")
+    check_seconds("start_timeout", timeout_s, LONGEST_S - 30)  # JAX's deadline is 30 s later.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or "SLURM's coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
-    if not (isinstance(heartbeat_s, int) and heartbeat_s >= 1):
-        raise ParamError("heartbeat_timeout", f"{{}} must be a whole number of seconds, at "
-                         f"least 1, got {heartbeat_s}")
+    if not (isinstance(heartbeat_s, int) and 1 <= heartbeat_s <= LONGEST_S):
+        raise ParamError("heartbeat_timeout", f"{{}} must be a whole number of seconds from 1 to "
+                         f"{LONGEST_S}, got {heartbeat_s}")
     options = {"initialization_timeout": int(timeout_s) + 30, "heartbeat_timeout_seconds": heartbeat_s}
     if coordinator:
         options["coordinator_bind_address"] = bind or coordinator

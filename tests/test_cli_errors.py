@@ -41,15 +41,24 @@ def one_line(proc, code, message):
 
 BAD_VALUES = [
     (["--seed", str(2**63)], f"--seed must be a 64-bit integer (-2**63 to 2**63 - 1), got {2**63}"),
-    (["--step-timeout", "-1"], "--step-timeout must be a positive number of seconds, got -1.0"),
-    (["--step-timeout", "nan"], "--step-timeout must be a positive number of seconds, got nan"),
-    (["--step-timeout", "0"], "--step-timeout must be a positive number of seconds, got 0.0"),
+    (["--step-timeout", "-1"], "--step-timeout must be a positive number of seconds up to 2147483647, got -1.0"),
+    (["--step-timeout", "nan"], "--step-timeout must be a positive number of seconds up to 2147483647, got nan"),
+    (["--step-timeout", "0"], "--step-timeout must be a positive number of seconds up to 2147483647, got 0.0"),
     (["--batch-size", "1000", "--drop-remainder"],
      "--batch-size 1000 is more than the 512 training examples (--train-examples): pass at most 512"),
     (["--batch-size", "64,100000", "--devices", "1,2"], "--batch-size 100000 is more than the 512"),
     (["--tfds-dir", "/etc/hostname"], "/etc/hostname is a file: pass a folder as --tfds-dir"),
     (["--num-processes", "0"], "--num-processes must be at least 1, got 0"),
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout: must be an integer of at least 1, got '0'"),
+    # Beyond what JAX's runtime takes (32-bit whole seconds), in one line naming the flag.
+    (["--start-timeout", "inf"],
+     "--start-timeout must be a positive number of seconds up to 2147483617, got inf"),
+    (["--start-timeout", "1e300"],
+     "--start-timeout must be a positive number of seconds up to 2147483617, got 1e+300"),
+    (["--heartbeat-timeout", "99999999999999"],
+     "--heartbeat-timeout must be a positive number of seconds up to 2147483647, got 99999999999999"),
+    (["--step-timeout", "1e300"],
+     "--step-timeout must be a positive number of seconds up to 2147483647, got 1e+300"),
     (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],
      "--coordinator must be HOST:PORT (process 0's address and a free port, e.g. "
      "localhost:12345), got 'bad'"),
