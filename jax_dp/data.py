@@ -145,10 +145,11 @@ CHECKSUMS = "sha256.json"  # Beside the prepared files: what the preparation wro
 
 
 def record_checksums(folder: Path) -> None:
-    """Record the SHA-256 of every prepared file in folder: done by the preparing process alone,
-    once its files are written, before any run reads them."""
+    """Record the SHA-256 of every prepared file in folder, the dataset's info and features
+    included: done by the preparing process alone, once its files are written, before any run
+    reads them."""
     digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-               for f in sorted(folder.glob("*.array_record*"))}
+               for f in sorted(folder.iterdir()) if f.is_file() and f.name != CHECKSUMS}
     files.write(folder / CHECKSUMS, (json.dumps(digests, indent=1) + "\n").encode())
 
 
@@ -175,8 +176,13 @@ def check_prepared(folder: Path, split: str, lock: Path | None = None) -> None:
     if recorded is None:
         raise ParamError("tfds_dir", f"{folder} holds prepared data without the checksums its "
                          f"preparation records ({CHECKSUMS}): {fix}")
-    for path in sorted(folder.glob(f"*-{split}.array_record*")):
-        if recorded.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest():
+    # This split's records and every file that says what the records are (dataset_info.json
+    # names each split's files and sizes): the other split's records are not read.
+    read = [p for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS
+            and (".array_record" not in p.name or f"-{split}.array_record" in p.name)]
+    missing = [name for name in recorded if not (folder / name).exists()]
+    for path in read + [folder / name for name in missing]:
+        if not path.exists() or recorded.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest():
             raise ParamError("tfds_dir", f"{path} is not what was prepared (its SHA-256 is not the "
                              f"one recorded in {record}): {fix}")
 

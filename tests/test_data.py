@@ -171,7 +171,8 @@ def test_the_preparation_records_what_it_wrote_before_any_run_reads_it(prepared_
     a byte flipped in the train split between preparing and the first run is refused."""
     folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
     record = json.loads((folder / data.CHECKSUMS).read_text())
-    assert sorted(record) == sorted(p.name for p in folder.glob("*.array_record*"))
+    assert sorted(record) == sorted(p.name for p in folder.iterdir() if p.name != data.CHECKSUMS)
+    assert {"dataset_info.json", "features.json"} <= set(record)
     (path,) = folder.glob("*-train.array_record*")
     flip_a_byte(path)
     data.load_fashion_mnist("test", tfds_dir=prepared_copy, limit=8)  # The other split is intact.
@@ -180,6 +181,20 @@ def test_the_preparation_records_what_it_wrote_before_any_run_reads_it(prepared_
                                          rf"delete {folder} and run again to prepare it anew"):
         data.load_fashion_mnist("train", tfds_dir=prepared_copy, limit=8)
     assert json.loads((folder / data.CHECKSUMS).read_text()) == record  # Nothing re-recorded.
+
+
+def test_an_edited_dataset_info_is_refused_naming_it(prepared_copy):
+    """Catches a record of the data files alone: dataset_info.json pointed the train split at the
+    test file (and its length at 10,000), and a run trained on the test set."""
+    folder = prepared_copy / "fashion_mnist_idx" / "1.0.0"
+    info = json.loads((folder / "dataset_info.json").read_text())
+    train = next(split for split in info["splits"] if split["name"] == "train")
+    train["filepathTemplate"] = "{DATASET}-test.{FILEFORMAT}-{SHARD_X_OF_Y}"
+    train["shardLengths"] = ["10000"]
+    (folder / "dataset_info.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match=rf"^{folder / 'dataset_info.json'} is not what was "
+                                         r"prepared .*: delete .* and run again to prepare it anew"):
+        data.load_fashion_mnist("train", tfds_dir=prepared_copy, limit=8)
 
 
 def test_prepared_data_without_its_record_is_refused_not_vouched_for(prepared_copy):
