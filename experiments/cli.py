@@ -4,6 +4,7 @@ the XLA options, and writing the outputs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -237,6 +238,7 @@ def train_runs(args) -> None:
     check_seconds("heartbeat_timeout", args.heartbeat_timeout)
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
+    check_apart(args)
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None, plot=True)
     runs_configs = configs(args)
@@ -257,23 +259,33 @@ def train_runs(args) -> None:
     if args.resume and args.checkpoint_dir:
         checkpoint.check_resumable(args.checkpoint_dir, runs_configs)
     train_data, test_data = load_data(args)
-    runs = []
+    runs, latest = [], []
     log = print if primary else (lambda line: None)
-    # Rewritten after every epoch, so a run stopped or killed keeps the epochs it finished.
-    write = (lambda run: write_outputs(args, [*runs, run])) if primary else (lambda run: None)
+
+    def write(run):  # Files after every epoch, so a run stopped or killed keeps its epochs.
+        latest[:] = [*runs, run]
+        if primary:
+            write_outputs(args, latest, streams=False)
     folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else \
         [None] * len(runs_configs)
-    for config, folder in zip(runs_configs, folders):
-        run = train.train(config, train_data, test_data, dataclasses.replace(
-            options, checkpoint_dir=folder, progress=args.progress and primary), log=log,
-            on_epoch=write)
-        run.pop("state")
-        avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
-        log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
-            f"on {config.devices} device(s)")
-        runs.append(run)
-    if primary:  # Again at the end: a resumed run may have had no epoch left to run.
-        write_outputs(args, runs)
+    try:
+        for config, folder in zip(runs_configs, folders):
+            run = train.train(config, train_data, test_data, dataclasses.replace(
+                options, checkpoint_dir=folder, progress=args.progress and primary), log=log,
+                on_epoch=write)
+            run.pop("state")
+            avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])
+            log(f"test acc: {run['epochs'][-1]['test_acc']:.2f}, {avg:.1f} sec/epoch "
+                f"on {config.devices} device(s)")
+            runs.append(run)
+            latest[:] = runs
+    except BaseException:  # Streams (a FIFO, a device) get the epochs so far, once.
+        if primary:
+            with contextlib.suppress(ValueError):  # The error that ended the run is the one to say.
+                write_outputs(args, latest, regular=False)
+        raise
+    if primary:  # Files again too (a resumed run may have had no epoch left), and streams once.
+        write_outputs(args, latest)
 
 
 def run_folders(root: str, configs: list) -> list[str]:
@@ -291,11 +303,14 @@ def run_folders(root: str, configs: list) -> list[str]:
     return folders
 
 
-def write_outputs(args, runs: list[dict]) -> None:
-    """Write --json and --plot for runs, each file whole or not at all."""
+def write_outputs(args, runs: list[dict], regular: bool = True, streams: bool = True) -> None:
+    """Write --json and --plot for runs, each file whole or not at all: those that are regular
+    files or not yet there (regular), those that are streams such as a FIFO (streams)."""
     payload = {"model": args.model, "runs": runs}
-    write_json(args.json, payload)
-    if args.plot:
+    wanted = lambda path: path is not None and (streams if files.is_stream(path) else regular)  # noqa: E731
+    if wanted(args.json):
+        write_json(args.json, payload)
+    if wanted(args.plot) and runs:
         from experiments.measure import plots
 
         plots.plot_history(payload, args.plot)
@@ -336,6 +351,25 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
         from experiments.measure import plots
 
         plots.check_format(path)
+
+
+def check_apart(args) -> None:
+    """Refuse an output that is, or lies in, what the run itself manages: the checkpoint folder
+    (its lock, its checkpoints) and the prepared data (and its lock)."""
+    from jax_dp import data
+
+    managed = [(Path(args.checkpoint_dir), "the checkpoint folder")] if args.checkpoint_dir else []
+    managed += [(path, "the prepared data") for path in
+                data.managed_paths(args.tfds_dir or data.default_data_dir())]
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        real = Path(os.path.realpath(path))
+        for place, what in managed:
+            place = Path(os.path.realpath(place))
+            if real == place or place in real.parents:
+                raise ValueError(f"{flag} {path} is in {what} ({place}), whose files the run "
+                                 "manages: pass a path outside it")
 
 
 def write_json(path: Path | None, payload: dict) -> None:

@@ -72,6 +72,11 @@ def _origin(source, tfds_dir, idx_dir, url) -> tuple[str | None, str | None]:
         "for {} download"))
 
 
+def managed_paths(tfds_dir) -> list[Path]:
+    """What a preparation in tfds_dir writes and guards: the prepared dataset and its lock."""
+    return [Path(tfds_dir) / "fashion_mnist_idx", _lock_path(tfds_dir)]
+
+
 def _lock_path(tfds_dir) -> Path:
     """The lock a preparation holds until its files and their checksums are written."""
     return Path(tfds_dir) / ".fashion_mnist_idx.lock"

@@ -2,12 +2,14 @@
 
 A path that is a regular file, or nothing yet, is replaced in one step (a new file beside it,
 renamed over it), so a reader never sees half of it. A symbolic link is followed to its target,
-which is written the same way. A path that is something else (a device such as /dev/null, a
-FIFO) is written through as a stream and never replaced; a folder is refused.
+which is written the same way (a loop of links is refused). A path that is something else (a
+device such as /dev/null, a FIFO) is written through as a stream and never replaced; a folder is
+refused.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -21,6 +23,12 @@ def _target(path: Path) -> Path:
 
 def check(path: Path) -> None:
     """Refuse, before any work and creating nothing, a path a whole-file output cannot go to."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"cannot write {path} (its symbolic links form a loop): pass a "
+                             "file's path") from None
     target = _target(path)
     if target.is_dir():
         raise ValueError(f"cannot write {path} (it is a folder): pass a file's path")
@@ -31,12 +39,27 @@ def check(path: Path) -> None:
         raise ValueError(f"cannot write {path} (permission denied): pass a writable path")
 
 
+def is_stream(path: Path) -> bool:
+    """Whether path is (or links to) a device or FIFO, which is written through, not replaced."""
+    target = _target(path)
+    return target.exists() and not stat.S_ISREG(target.stat().st_mode)
+
+
 def write(path: Path, data: bytes) -> None:
-    """data as path's whole content (see the module's docstring); an error is one line."""
+    """data as path's whole content (see the module's docstring); an error is one line. A FIFO
+    that no process reads is refused at once, never waited on."""
     target = _target(path)
     try:
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
-            with open(target, "wb") as stream:  # A device or FIFO: written through, kept.
+        if is_stream(target):
+            try:  # O_NONBLOCK: a FIFO without a reader fails at once (ENXIO) instead of hanging.
+                fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                raise ValueError(f"cannot write {path} (a FIFO that no process reads): read it "
+                                 "while the run ends, or pass a file's path") from None
+            os.set_blocking(fd, True)  # A reader is there: write it all, as it reads.
+            with open(fd, "wb") as stream:
                 stream.write(data)
             return
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()

@@ -1,6 +1,7 @@
 """The command line off the happy path: every bad value, signal or second run is one line on
 stderr with its exit code, and leaves no half-written file."""
 
+import json
 import os
 import signal
 import subprocess
@@ -116,6 +117,41 @@ def test_a_plot_format_matplotlib_cannot_write_is_refused_and_no_file_is_made(tm
     assert ".png" in plot.stderr and list(tmp_path.iterdir()) == []
     one_line(folder, 2, f"cannot write {tmp_path} (it is a folder)")
     one_line(nowhere, 2, f"(no folder {tmp_path / 'no'})")
+
+
+def test_a_symlink_loop_and_outputs_among_the_runs_own_files_are_refused(tmp_path):
+    """Catches a loop of links replaced by a regular file, and a --json written over the run's
+    own lock (a second run on the folder then started beside the first) or its data."""
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    ckpt = tmp_path / "ckpt"
+    loop, lock, data = lenets(
+        ("--json", str(tmp_path / "a.json")),
+        ("--checkpoint-dir", str(ckpt), "--json", str(ckpt / "bs64-lr0.2" / ".lock")),
+        ("--tfds-dir", str(tmp_path / "tfds"), "--plot", str(tmp_path / "tfds" / "fashion_mnist_idx"
+                                                             / "1.0.0" / "plot.png")))
+    one_line(loop, 2, f"cannot write {tmp_path / 'a.json'} (its symbolic links form a loop): pass "
+                      "a file's path")
+    one_line(lock, 2, f"--json {ckpt / 'bs64-lr0.2' / '.lock'} is in the checkpoint folder ({ckpt})"
+                      ", whose files the run manages: pass a path outside it")
+    one_line(data, 2, "is in the prepared data")
+    assert (tmp_path / "a.json").is_symlink() and (tmp_path / "b.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
+def test_a_fifo_output_gets_one_document_at_the_end_and_never_hangs_the_run(tmp_path):
+    """Catches a FIFO written after every epoch (the second open waited forever for a reader
+    that had read once) or one without a reader that blocks: `cat fifo > copy` reads the whole
+    run's JSON once and the run exits 0; with no reader, the run ends in one line."""
+    fifo, copy = tmp_path / "runs.fifo", tmp_path / "copy.json"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(f"cat {fifo} > {copy}", shell=True)
+    proc = lenet("--devices", "1", "--epochs", "2", "--json", str(fifo), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    reader.wait(timeout=30)
+    assert [len(run["epochs"]) for run in json.loads(copy.read_text())["runs"]] == [2]
+    unread = lenet("--devices", "1", "--epochs", "1", "--json", str(fifo), timeout=300)
+    one_line(unread, 2, f"cannot write {fifo} (a FIFO that no process reads)")
 
 
 @pytest.mark.parametrize("signum, when", [(signal.SIGINT, "starting"), (signal.SIGTERM, "compiling"),
