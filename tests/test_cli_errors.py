@@ -145,12 +145,12 @@ def test_a_fifo_output_gets_one_document_at_the_end_and_never_hangs_the_run(tmp_
     run's JSON once and the run exits 0; with no reader, the run ends in one line."""
     fifo, copy = tmp_path / "runs.fifo", tmp_path / "copy.json"
     os.mkfifo(fifo)
-    reader = subprocess.Popen(f"cat {fifo} > {copy}", shell=True)
-    proc = lenet("--devices", "1", "--epochs", "2", "--json", str(fifo), timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    reader = subprocess.Popen(f"cat {fifo} > {copy}", shell=True)  # Gone once it has read.
+    read, unread = lenets(("--devices", "1", "--epochs", "2", "--json", str(fifo)),
+                          ("--devices", "1", "--epochs", "1", "--json", str(fifo)))
+    assert read.returncode == 0, read.stderr
     reader.wait(timeout=30)
     assert [len(run["epochs"]) for run in json.loads(copy.read_text())["runs"]] == [2]
-    unread = lenet("--devices", "1", "--epochs", "1", "--json", str(fifo), timeout=300)
     one_line(unread, 2, f"cannot write {fifo} (a FIFO that no process reads)")
 
 
