@@ -238,10 +238,10 @@ def train_runs(args) -> None:
     check_seconds("heartbeat_timeout", args.heartbeat_timeout)
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
-    check_apart(args)
+    runs_configs = configs(args)
+    check_apart(args, run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else [])
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None, plot=True)
-    runs_configs = configs(args)
     options = RunOptions(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, step_timeout=args.step_timeout,
                          steps_per_call=args.steps_per_call, progress=args.progress)
@@ -353,12 +353,12 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
         plots.check_format(path)
 
 
-def check_apart(args) -> None:
-    """Refuse an output that is, or lies in, what the run itself manages: the checkpoint folder
-    (its lock, its checkpoints) and the prepared data (and its lock)."""
+def check_apart(args, folders: list[str]) -> None:
+    """Refuse an output that is, or lies in, what the run itself manages: each run's checkpoint
+    folder (its lock, its checkpoints) and the prepared data (and its lock)."""
     from jax_dp import data
 
-    managed = [(Path(args.checkpoint_dir), "the checkpoint folder")] if args.checkpoint_dir else []
+    managed = [(Path(folder), "the checkpoint folder") for folder in folders]
     managed += [(path, "the prepared data") for path in
                 data.managed_paths(args.tfds_dir or data.default_data_dir())]
     for flag, path in (("--json", args.json), ("--plot", args.plot)):

@@ -132,8 +132,8 @@ def test_a_symlink_loop_and_outputs_among_the_runs_own_files_are_refused(tmp_pat
                                                              / "1.0.0" / "plot.png")))
     one_line(loop, 2, f"cannot write {tmp_path / 'a.json'} (its symbolic links form a loop): pass "
                       "a file's path")
-    one_line(lock, 2, f"--json {ckpt / 'bs64-lr0.2' / '.lock'} is in the checkpoint folder ({ckpt})"
-                      ", whose files the run manages: pass a path outside it")
+    one_line(lock, 2, f"--json {ckpt / 'bs64-lr0.2' / '.lock'} is in the checkpoint folder "
+                      f"({ckpt / 'bs64-lr0.2'}), whose files the run manages: pass a path outside it")
     one_line(data, 2, "is in the prepared data")
     assert (tmp_path / "a.json").is_symlink() and (tmp_path / "b.json").is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
