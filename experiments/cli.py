@@ -239,7 +239,9 @@ def train_runs(args) -> None:
     processes = distributed.requested_processes(args.num_processes)
     primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
     runs_configs = configs(args)
-    check_apart(args, run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else [])
+    folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else \
+        [None] * len(runs_configs)
+    check_apart(args, [folder for folder in folders if folder])
     check_writable(args.json if primary else None)
     check_writable(args.plot if primary else None, plot=True)
     options = RunOptions(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
@@ -266,8 +268,6 @@ def train_runs(args) -> None:
         latest[:] = [*runs, run]
         if primary:
             write_outputs(args, latest, streams=False)
-    folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else \
-        [None] * len(runs_configs)
     try:
         for config, folder in zip(runs_configs, folders):
             run = train.train(config, train_data, test_data, dataclasses.replace(

@@ -120,7 +120,7 @@ def _download_and_prepare(builder, download_dir: Path) -> None:
         builder.download_and_prepare(download_dir=str(download_dir))
     except NonMatchingChecksumError as e:
         shutil.rmtree(download_dir, ignore_errors=True)
-        name = (re.search(r"Artifact (\S+), ", str(e)) or re.search("(.*)", url))[1]
+        name = match[1] if (match := re.search(r"Artifact (\S+), ", str(e))) else url
         raise ParamError("data", f"{name} does not match the checksum TFDS registers for it "
                          f"(a damaged or altered download): {fix}, or use {{}} debian") from None
     except ValueError as e:  # read_idx: the decompressed bytes are not Fashion-MNIST's.

@@ -26,19 +26,23 @@ FILES = {
 SPLITS = {"train": "train", "test": "t10k"}
 
 
+def _found(idx_dir: str | Path, name: str) -> Path | None:
+    """The file for one IDX name in idx_dir, gzipped or plain; None if neither is there (or the
+    folder may not be read: os.path.isfile says False where Path.is_file raises)."""
+    return next((path for path in (Path(idx_dir) / f"{name}.gz", Path(idx_dir) / name)
+                 if os.path.isfile(path)), None)
+
+
 def idx_path(idx_dir: str | Path, name: str) -> Path:
     """The file for one IDX name: plain or gzipped; a clear error if neither exists."""
-    for path in (Path(idx_dir) / f"{name}.gz", Path(idx_dir) / name):
-        if os.path.isfile(path):
-            return path
-    raise ValueError(f"Fashion-MNIST file {name}(.gz) is missing from {idx_dir}: {FIX}")
+    if (path := _found(idx_dir, name)) is None:
+        raise ValueError(f"Fashion-MNIST file {name}(.gz) is missing from {idx_dir}: {FIX}")
+    return path
 
 
 def has_files(idx_dir: str | Path) -> bool:
     """Whether idx_dir holds a file (plain or gzipped) for each of the four IDX names."""
-    # os.path.isfile: False, not an error, for a folder this user may not read.
-    return all(os.path.isfile(Path(idx_dir) / n) or os.path.isfile(Path(idx_dir) / f"{n}.gz")
-               for n in FILES)
+    return all(_found(idx_dir, name) is not None for name in FILES)
 
 
 def read_idx(path: Path, name: str, fix: str = FIX) -> bytes:
