@@ -178,10 +178,10 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
 
 
 def add_model_options(p: argparse.ArgumentParser, model: str) -> None:
-    """A flag for each option model's module declares (its OPTIONS): its default, its choices."""
+    """A flag for each option the model declares (models.declared): its default, its choices."""
     from jax_dp import models
 
-    for option in models.model_module(model).OPTIONS:
+    for option in models.declared(models.model_module(model)):
         p.add_argument(f"--{option.name.replace('_', '-')}", dest=option.name,
                        default=option.default, choices=option.choices, help=option.help)
 
@@ -191,7 +191,7 @@ def model_options(args) -> dict:
     from jax_dp import models
 
     return {option.name: getattr(args, option.name)
-            for option in models.model_module(args.model).OPTIONS}
+            for option in models.declared(models.model_module(args.model))}
 
 
 def chosen_model(default: str) -> str:
@@ -291,15 +291,12 @@ def train_runs(args) -> None:
 def run_folders(root: str, configs: list) -> list[str]:
     """Each run's checkpoint folder under root, named by what the run computes, not where: its
     global batch and lr (bs256-lr0.2), so a resume on another device count finds it. Runs of one
-    command that share both are told apart by their order (bs256-lr0.2, bs256-lr0.2-2, ...).
-    A folder of the older naming (2dev-bs256-lr0.2) is used where it exists and the new one not."""
+    command that share both are told apart by their order (bs256-lr0.2, bs256-lr0.2-2, ...)."""
     folders, seen = [], {}
     for config in configs:
         name = f"bs{config.batch_size}-lr{config.lr}"
         seen[name] = seen.get(name, 0) + 1
-        folder = Path(root) / (name if seen[name] == 1 else f"{name}-{seen[name]}")
-        older = Path(root) / f"{config.devices}dev-{name}"
-        folders.append(str(older if older.is_dir() and not folder.exists() else folder))
+        folders.append(str(Path(root) / (name if seen[name] == 1 else f"{name}-{seen[name]}")))
     return folders
 
 
@@ -373,6 +370,6 @@ def check_apart(args, folders: list[str]) -> None:
 
 
 def write_json(path: Path | None, payload: dict) -> None:
-    """Write payload as indented JSON when a path was given, whole (experiments.outputs)."""
+    """Write payload as indented JSON when a path was given, whole (files.write)."""
     if path is not None:
         files.write(path, (json.dumps(payload, indent=2) + "\n").encode())

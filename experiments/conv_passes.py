@@ -21,9 +21,9 @@ from experiments import cli, process
 def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
     """(x shape, w shape, strides, pads) of each distinct convolution of the model's step."""
     import jax
-    import optax
     from jax import lax
 
+    from experiments.measure import benchmark
     from jax_dp import models, step as step_lib
     from jax_dp.xla_cpu import passes
 
@@ -38,14 +38,12 @@ def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
         return lax.conv_general_dilated(x, w, strides, padding, *args, **kwargs)
 
     model = models.get_model(model_name, convolution=recording, **options)
-    tx = optax.sgd(0.1)
-    state = jax.eval_shape(lambda: step_lib.init_state(model, tx, jax.random.key(0)))
+    state = benchmark.sgd_state(model, shapes=True)[1]
     batch = {"image": jax.ShapeDtypeStruct((batch_size, 28, 28, 1), "float32"),
              "label": jax.ShapeDtypeStruct((batch_size,), "int32"),
              "mask": jax.ShapeDtypeStruct((batch_size,), "float32")}
     tracing[0] = True
-    jax.eval_shape(lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None),
-                   state, jax.eval_shape(step_lib.zero_metrics), batch)
+    benchmark.single(model)[0].lower("train", state, jax.eval_shape(step_lib.zero_metrics), batch)
     return list(seen.values())
 
 

@@ -25,18 +25,15 @@ def main(args) -> None:
     devices.setup_devices(args.devices)
     import numpy as np
 
-    from experiments.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_exact
 
     model = models.get_model(args.model, **options)
     split = data.load_fashion_mnist("train", limit=args.steps * args.batch_size)
     batches = list(data.batches(split, args.batch_size, pad_to=MICRO_BATCHES))
     rows = []
     for k in args.devices:
-        def timed(exact):
-            return time_steps(model, "pmap", devices.get_devices(k), batches, repeats=1,
-                              exact=exact)["step_s"][0]
-        normal, exact = zip(*[(timed(False), timed(True)) for _ in range(args.rounds)])
-        rows.append({"devices": k, "normal_step_s": list(normal), "exact_step_s": list(exact),
+        normal, exact = time_exact(model, devices.get_devices(k), batches, args.rounds)
+        rows.append({"devices": k, "normal_step_s": normal, "exact_step_s": exact,
                      "ratio": [e / n for e, n in zip(exact, normal)],
                      "median_ratio": float(np.median(np.divide(exact, normal)))})
     result = {"model": args.model, "options": options, "batch_size": args.batch_size,

@@ -99,16 +99,12 @@ def exact_cost(sizes: dict, train_data, device) -> dict:
 
     from jax_dp import data, models
     from jax_dp.config import MICRO_BATCHES
-    from experiments.measure.benchmark import time_steps
+    from experiments.measure.benchmark import time_exact
 
     model = models.get_model("lenet")
     batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))
     batches = (batches * sizes["exact_steps"])[:sizes["exact_steps"]]
-
-    def timed(exact):
-        return time_steps(model, "pmap", [device], batches, repeats=1, exact=exact)["step_s"][0]
-
-    normal, exact = zip(*[(timed(False), timed(True)) for _ in range(sizes["exact_pairs"])])
+    normal, exact = time_exact(model, [device], batches, sizes["exact_pairs"])
     return {"normal_step_s": float(np.median(normal)), "exact_step_s": float(np.median(exact)),
             "ratio": float(np.median(np.divide(exact, normal)))}
 

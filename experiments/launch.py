@@ -90,13 +90,19 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def main() -> None:
-    """Parse `--processes N -- COMMAND...` and launch."""
+def parser() -> cli.OneLineParser:
+    """`--processes N -- COMMAND...`."""
     p = cli.parser(__spec__.name, __doc__)
     p.add_argument("--processes", type=cli.at_least(1), default=2,
                    help="how many processes to start")
     p.add_argument("--port", type=int, help="coordinator port on 127.0.0.1 (default: a free one)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    return p
+
+
+def main() -> None:
+    """Parse `--processes N -- COMMAND...` and launch."""
+    p = parser()
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

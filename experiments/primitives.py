@@ -29,7 +29,7 @@ def main(args) -> None:
     import numpy as np
     import optax
 
-    from jax_dp import models, parallel, runner, step as step_lib
+    from jax_dp import models, parallel, program, step as step_lib
     from jax_dp.models.lenet import init_lenet, lenet
 
     devs = devices.get_devices(2)
@@ -63,17 +63,22 @@ def main(args) -> None:
         print(" ", show(shards.addressable_data(i)[0]))
 
     model, tx = models.get_model("lenet"), optax.sgd(0.2)
-    steps = runner.build_steps(model, tx, "pmap", devs)
-    state, metrics = runner.place(steps, step_lib.init_state(model, tx, jax.random.key(0)))
+    on_two = program.build(model, tx, "pmap", devs)
+    state, metrics = on_two.place(step_lib.init_state(model, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     global_batch = {"image": rng.random((8, 28, 28, 1), np.float32),
                     "label": rng.integers(0, 10, 8).astype(np.int32), "mask": np.ones(8, np.float32)}
-    state, metrics = steps.train_batch(state, metrics, steps.backend.shard(global_batch))
-    m = steps.backend.unreplicate(metrics)
-    print(f"\none train_batch on 2 devices: global batch {m['count']:.0f}, "
+    state, metrics = on_two.train(state, metrics, on_two.shard(global_batch))
+    m = on_two.backend.unreplicate(metrics)
+    print(f"\none training step on 2 devices: global batch {m['count']:.0f}, "
           f"mean loss {m['loss_sum'] / m['count']:.4f}, replicas identical: "
           f"{bool(np.array_equal(*np.asarray(state.params['fc2']['w'])))}")
 
 
+def parser() -> cli.OneLineParser:
+    """No flags but --help."""
+    return cli.parser(__spec__.name, __doc__)
+
+
 if __name__ == "__main__":
-    process.run(main, lambda: cli.parser(__spec__.name, __doc__))
+    process.run(main, parser)

@@ -117,7 +117,7 @@ class Checkpointer:
         position = position._replace(
             epoch=meta["epoch"], step=meta["step"], global_step=step, order=arrays["order"],
             key=jax.random.wrap_key_data(arrays["key"]), history=tuple(meta["history"]),
-            epoch_s=meta.get("epoch_s", 0.0))  # Checkpoints before epoch_s: 0.
+            epoch_s=meta["epoch_s"])
         return state, b.replicate(arrays["metrics"]), position
 
     def newest(self) -> int | None:

@@ -114,9 +114,7 @@ class TrainConfig:
         are not in fixed (a model whose state is per device fixes its devices)."""
         if saved.get("model") != self.model:  # Another model's options are no comparison.
             return {"model": (saved.get("model"), self.model)}
-        # A field added since the checkpoint was saved held its default then.
-        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name != "options"}
-        saved = {**defaults, **saved, **saved.get("options", {})}
+        saved = {**saved, **saved.get("options", {})}
         return {name: (saved.get(name), value) for name, value in self.fields().items()
                 if saved.get(name) != value and (name in fixed or name not in PLACEMENT)
                 and not (name == "epochs" and isinstance(saved.get(name), int) and value >= saved[name])}

@@ -5,15 +5,17 @@ Both feeds compute the same numbers; the run loop sees only `epoch` and the feed
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_dp import data, runner
-from jax_dp.step import Steps
+from jax_dp import data
+
+if TYPE_CHECKING:
+    from jax_dp.program import Program
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
 # LeNet equally fast (docs/speed.md), so checkpoints and signals keep one-step granularity.
@@ -29,74 +31,68 @@ def default_steps_per_call() -> int:
 class HostBatches:
     """The book's loop: the host cuts each global batch and one compiled call trains on it."""
 
-    def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
+    def __init__(self, program: Program, train_data: data.Split, batch_size: int,
                  drop_remainder: bool):
-        self.steps, self.train_data = steps, train_data
+        self.program, self.train_data = program, train_data
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
-        self.step = steps.train_batch
 
     def compile(self, state, metrics, start: int) -> list:
         """Compile the step ahead of time for this run's batches (all of one size: any start);
         the compiled steps."""
-        size = data.padded_size(self.batch_size, self.steps.pad_to)
+        size = data.padded_size(self.batch_size, self.program.pad_to)
         batch = data.zero_batch(size, self.train_data.images.shape[1:])
-        self.step = runner.compile_train(self.steps, state, metrics, batch)
-        return [self.step]
+        return [self.program.compile("train", state, metrics, self.program.shard(batch))]
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (1, placed batch) pairs."""
         for batch in data.batches(self.train_data, self.batch_size,
-                                  pad_to=self.steps.pad_to, order=order,
+                                  pad_to=self.program.pad_to, order=order,
                                   start=start, drop_remainder=self.drop_remainder):
-            yield 1, self.steps.backend.shard(batch)
+            yield 1, self.program.shard(batch)
 
     def __call__(self, state, metrics, batch):
-        return self.step(state, metrics, batch)
+        return self.program.train(state, metrics, batch)
 
 
 class DeviceCalls:
     """steps_per_call steps per compiled call, under lax.scan, the training examples held on the
     devices and each batch gathered there by index (the same numbers as HostBatches)."""
 
-    def __init__(self, steps: Steps, train_data: data.Split, batch_size: int,
+    def __init__(self, program: Program, train_data: data.Split, batch_size: int,
                  drop_remainder: bool, steps_per_call: int):
-        self.backend, self.pad_to, self.train_data = steps.backend, steps.pad_to, train_data
+        self.program, self.train_data = program, train_data
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self.steps_per_call = steps_per_call
-        self.examples = self.backend.replicate(on_device(train_data))
-        self.run = self.backend.compile(scanned(steps.train_step), donate_argnums=(0,))
-        self.compiled: dict[int, Callable] = {}  # Steps in a call -> its compiled run.
+        self.examples = program.backend.replicate(on_device(train_data))
 
     def compile(self, state, metrics, start: int) -> list:
         """Compile a call for each number of steps the epoch's calls take, a resumed one's too;
         the compiled calls."""
-        size = data.padded_size(self.batch_size, self.pad_to)
+        size = data.padded_size(self.batch_size, self.program.pad_to)
         per_epoch = data.num_batches(len(self.train_data.labels), self.batch_size,
                                      self.drop_remainder)
         lengths = {min(self.steps_per_call, per_epoch - first) for begin in {0, start}
                    for first in range(begin, per_epoch, self.steps_per_call)}
-        self.compiled = {n: self.backend.precompile(self.run, state, metrics, self.examples,
-                                                    self.backend.shard(_zero_call(size, n)))
-                         for n in lengths}
-        return list(self.compiled.values())
+        return [self.program.compile("calls", state, metrics, self.examples,
+                                     self.program.shard(zero_call(size, n))) for n in lengths]
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (steps, placed call) pairs."""
         for call in calls(len(self.train_data.labels), self.batch_size, self.steps_per_call,
-                          pad_to=self.pad_to, order=order, start=start,
+                          pad_to=self.program.pad_to, order=order, start=start,
                           drop_remainder=self.drop_remainder):
-            yield call["mask"].shape[1], self.backend.shard(call)
+            yield call["mask"].shape[1], self.program.shard(call)
 
     def __call__(self, state, metrics, call):
-        return self.compiled[call["mask"].shape[-1]](state, metrics, self.examples, call)
+        return self.program("calls", state, metrics, self.examples, call)
 
 
-def make_feed(steps: Steps, train_data: data.Split, batch_size: int, drop_remainder: bool,
+def make_feed(program: Program, train_data: data.Split, batch_size: int, drop_remainder: bool,
               steps_per_call: int) -> HostBatches | DeviceCalls:
     """HostBatches for one step per call, DeviceCalls for more."""
     if steps_per_call == 1:
-        return HostBatches(steps, train_data, batch_size, drop_remainder)
-    return DeviceCalls(steps, train_data, batch_size, drop_remainder, steps_per_call)
+        return HostBatches(program, train_data, batch_size, drop_remainder)
+    return DeviceCalls(program, train_data, batch_size, drop_remainder, steps_per_call)
 
 
 def on_device(split: data.Split) -> dict[str, np.ndarray]:
@@ -123,7 +119,8 @@ def calls(n: int, batch_size: int, steps_per_call: int, *, pad_to: int = 1,
         yield {"index": index.T, "mask": mask.T}
 
 
-def _zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
+def zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
+    """A call of steps steps of size rows, all pointing at the first example."""
     return {"index": np.zeros((size, steps), np.int32), "mask": np.ones((size, steps), np.float32)}
 
 

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jax_dp.backends.base import Backend
 from jax_dp.models.model import Model
 from jax_dp.parallel import allreduce, allreduce_flat, reduced
 
@@ -126,27 +125,25 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
 
 class Steps(NamedTuple):
-    """A model's steps for one backend: `train_step` is the pure per-shard step (to wrap
-    further), `train_batch` and `evaluate` compiled steps, each taking (state, metrics, batch);
-    every global batch is padded to a multiple of `pad_to` rows."""
-    backend: Backend
+    """A model's pure steps for one shard, each taking (state, metrics, batch), for a Program to
+    compile: every global batch is padded to a multiple of `pad_to` rows (None: the device
+    count); `typed`: whether shard_map types the collectives' results (off for a step that
+    knows its own, the exact mode's)."""
     train_step: Callable
-    train_batch: Callable
-    evaluate: Callable
-    pad_to: int
+    eval_step: Callable | None = None
+    pad_to: int | None = None
+    typed: bool = True
 
 
-def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
+def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None,
                grad_allreduce: Callable = allreduce_flat, compute_dtype: str = "float32") -> Steps:
-    """Wrap the pure steps for backend (under jax.pmap for 'pmap'); the state is donated.
+    """The book's steps over axis_name (None: one device, no collectives).
 
     grad_allreduce: how the step sums gradients and metrics (allreduce_flat: one lax.psum;
     jax_dp.allreduce has the hand-made ones). compute_dtype: what the model computes in,
     'float32' or 'bfloat16' (compute_view).
     """
-    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                 grad_allreduce=grad_allreduce, compute_dtype=compute_dtype)
-    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name,
-                                compute_dtype=compute_dtype)
-    return Steps(backend, train_fn, backend.compile(train_fn, donate_argnums=(0,)),
-                 backend.compile(eval_fn), len(backend.devices))
+    return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name,
+                                   grad_allreduce=grad_allreduce, compute_dtype=compute_dtype),
+                 functools.partial(eval_step, model=model, axis_name=axis_name,
+                                   compute_dtype=compute_dtype))

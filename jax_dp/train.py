@@ -13,14 +13,15 @@ import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, distributed, feeds, memory, runner
+from jax_dp import dispatch, distributed, feeds, memory, program as program_lib
 from jax_dp.backends import Backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.models import auto_choices, get_model, model_options
-from jax_dp.step import Steps, TrainState, init_state, zero_metrics
+from jax_dp.program import Program
+from jax_dp.step import TrainState, init_state
 
 
 class NonFiniteError(ParamError):
@@ -62,26 +63,23 @@ class Position(NamedTuple):
                              history=self.history + (result,), epoch_s=0.0)
 
 
-def evaluate(steps: Steps, state: TrainState, data: data_lib.Split, batch_size: int,
-             compiled: Callable | None = None) -> dict:
-    """Sums over every example of data, each counted once, read back to the host (through
-    compiled, steps.evaluate compiled ahead, when given)."""
-    backend, in_flight = steps.backend, dispatch.InFlight()
-    metrics, step = backend.replicate(zero_metrics()), compiled or steps.evaluate
-    for batch in data_lib.batches(data, batch_size, pad_to=steps.pad_to):
-        metrics = step(state, metrics, backend.shard(batch))
+def evaluate(program: Program, state: TrainState, data: data_lib.Split, batch_size: int) -> dict:
+    """Sums over every example of data, each counted once, read back to the host."""
+    metrics, in_flight = program.zero_metrics(), dispatch.InFlight()
+    for batch in data_lib.batches(data, batch_size, pad_to=program.pad_to):
+        metrics = program.evaluate(state, metrics, program.shard(batch))
         in_flight.add(metrics)
-    totals = {k: float(v) for k, v in backend.unreplicate(metrics).items()}
+    totals = {k: float(v) for k, v in program.backend.unreplicate(metrics).items()}
     if totals["count"] != len(data.labels):
         raise RuntimeError(f"evaluation counted {totals['count']:.0f} of {len(data.labels)} "
                            "examples")
     return totals
 
 
-def evaluate_accuracy(steps: Steps, state: TrainState, data: data_lib.Split,
-                      batch_size: int = 256, compiled: Callable | None = None) -> float:
+def evaluate_accuracy(program: Program, state: TrainState, data: data_lib.Split,
+                      batch_size: int = 256) -> float:
     """The book's evaluate_accuracy: correct predictions / examples, over every example."""
-    totals = evaluate(steps, state, data, batch_size, compiled)
+    totals = evaluate(program, state, data, batch_size)
     return totals["correct"] / totals["count"]
 
 
@@ -137,13 +135,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
     model, tx, key = get_model(config.model, platform, **config.options), optimizer(config), \
         jax.random.key(config.seed)
-    steps = runner.build_steps(model, tx, config.backend, get_devices(config.devices),
-                               exact=config.exact, scheme=config.allreduce,
-                               compute_dtype=config.compute_dtype)
-    backend = steps.backend
-    feed = feeds.make_feed(steps, train_data, config.batch_size, config.drop_remainder,
+    program = program_lib.build(model, tx, config.backend, get_devices(config.devices),
+                                exact=config.exact, scheme=config.allreduce,
+                                compute_dtype=config.compute_dtype)
+    backend = program.backend
+    feed = feeds.make_feed(program, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)
-    state, metrics = runner.place(steps, init_state(model, tx, jax.random.split(key)[0]))
+    state, metrics = program.place(init_state(model, tx, jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
     try:
@@ -154,11 +152,11 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         per_epoch = steps_per_epoch(config)
         start_time = time.perf_counter()
         compiled = feed.compile(state, metrics, position.step)
-        eval_batch = backend.shard(data_lib.zero_batch(
-            data_lib.padded_size(config.batch_size, steps.pad_to), test_data.images.shape[1:]))
-        evaluate_step = backend.precompile(steps.evaluate, state, metrics, eval_batch)
+        eval_batch = program.shard(data_lib.zero_batch(
+            data_lib.padded_size(config.batch_size, program.pad_to), test_data.images.shape[1:]))
+        compiled.append(program.compile("evaluate", state, metrics, eval_batch))
         local = [d for d in backend.devices if d.process_index == jax.process_index()]
-        memory.check_fits([*compiled, evaluate_step], local, config.batch_size, steps.pad_to)
+        memory.check_fits(compiled, local, config.batch_size, program.pad_to)
         compile_s = time.perf_counter() - start_time
 
         def summary() -> dict:  # Reads position when called: the history so far.
@@ -189,13 +187,13 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                            epoch_start=epoch_start)
                     in_flight.drain()
                 time_s = time.perf_counter() - epoch_start
-                result = _epoch_result(steps, evaluate_step, state, metrics, position,
-                                       test_data, config.batch_size, time_s)
+                result = _epoch_result(program, state, metrics, position, test_data,
+                                       config.batch_size, time_s)
                 log(f"epoch {result['epoch']}, time {time_s:.1f} sec, "
                     f"test acc {result['test_acc']:.2f}")
                 position = position.next_epoch(
                     result, epoch_order(config, position.key, position.epoch + 1))
-                metrics = backend.replicate(zero_metrics())
+                metrics = program.zero_metrics()
                 on_epoch(summary())
                 _between_steps(backend, ckpt, state, metrics, position, stop, due=True,
                                finished=position.epoch == config.epochs)
@@ -246,14 +244,12 @@ def _crossed(before: int, after: int, every: int) -> bool:
     return bool(every) and after // every > before // every
 
 
-def _epoch_result(steps: Steps, evaluate_step: Callable, state: TrainState, metrics: dict,
-                  position: Position, test_data: data_lib.Split, batch_size: int,
-                  time_s: float) -> dict:
-    """The finished epoch's line of the history: its training sums and the test accuracy
-    (through evaluate_step, steps.evaluate compiled ahead)."""
-    sums = _check_finite(steps.backend, metrics, position, state)
+def _epoch_result(program: Program, state: TrainState, metrics: dict, position: Position,
+                  test_data: data_lib.Split, batch_size: int, time_s: float) -> dict:
+    """The finished epoch's line of the history: its training sums and the test accuracy."""
+    sums = _check_finite(program.backend, metrics, position, state)
     return {"epoch": position.epoch + 1, "time_s": time_s,
-            "test_acc": evaluate_accuracy(steps, state, test_data, batch_size, evaluate_step),
+            "test_acc": evaluate_accuracy(program, state, test_data, batch_size),
             "train_loss": sums["loss_sum"] / sums["count"],
             "train_acc": sums["correct"] / sums["count"]}
 

@@ -13,8 +13,7 @@ import numpy as np
 import optax
 
 from experiments.measure import parity
-from jax_dp import step as step_lib
-from jax_dp.backends import make_backend
+from jax_dp import program, step as step_lib
 from jax_dp.devices import get_devices
 
 
@@ -29,7 +28,7 @@ def random_batches(n_steps, batch_size, size=28, dtype=np.float32, seed=0):
 def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_options):
     """SGD on k devices from seed 0's params (as dtype): placed state, host state, host metrics."""
     tx = optax.sgd(lr)
-    steps = step_lib.make_steps(model, tx, make_backend(backend, get_devices(k)), **step_options)
+    steps = program.build(model, tx, backend, get_devices(k), **step_options)
     b = steps.backend
     # On the host, so each backend places (and may donate) its own copy. Made without x64
     # even for float64, so float32 and float64 runs share the init's compiled random ops.
@@ -39,7 +38,7 @@ def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_optio
     # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
     state, metrics = b.replicate(init), b.replicate(parity.cast(step_lib.zero_metrics(), dtype))
     for batch in batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+        state, metrics = steps.train(state, metrics, b.shard(batch))
     return state, b.unreplicate(state), b.unreplicate(metrics)
 
 

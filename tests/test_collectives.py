@@ -10,7 +10,7 @@ import optax
 import pytest
 from jax import lax
 
-from jax_dp import models, parallel, step as step_lib
+from jax_dp import models, parallel, program, step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -26,11 +26,11 @@ BATCH_NORM_REDUCES = {"lenet": 0, "tiny_resnet": 10}
 def all_reduce_operands(backend, model):
     """The operand shapes of each all-reduce in the compiled step, for 2 devices."""
     tx = optax.sgd(0.1)
-    steps = step_lib.make_steps(model, tx, make_backend(backend, get_devices(2)))
+    steps = program.build(model, tx, backend, get_devices(2))
     b = steps.backend
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})
-    hlo = steps.train_batch.lower(b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
+    hlo = steps.lower("train", b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
                                   b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
     return [line.split(" = ")[1].split(" all-reduce")[0] for line in hlo.splitlines()
             if " all-reduce(" in line or " all-reduce-start(" in line]
@@ -55,17 +55,14 @@ def test_one_buffer_gives_the_bits_of_one_all_reduce_per_array(name, fashion_tra
                                   grad_allreduce=lambda tree, axis: lax.psum(tree, axis))
     backend = make_backend("pmap", get_devices(2))
     runs = []
-    for train_fn in (make_steps_train(model, tx, backend), backend.compile(per_array, donate_argnums=(0,))):
-        state = backend.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
-        metrics = backend.replicate(step_lib.zero_metrics())
+    for steps in (step_lib.make_steps(model, tx, parallel.AXIS), step_lib.Steps(per_array)):
+        run = program.Program(backend, steps)
+        state, metrics = run.place(step_lib.init_state(model, tx, jax.random.key(0)))
         for i in range(5):
             batch = {"image": fashion_train_6k.images[i * 32:(i + 1) * 32],
                      "label": fashion_train_6k.labels[i * 32:(i + 1) * 32], "mask": np.ones(32, np.float32)}
-            state, metrics = train_fn(state, metrics, backend.shard(batch))
+            state, metrics = run.train(state, metrics, backend.shard(batch))
         runs.append([np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(
             backend.unreplicate((state, metrics)))])
     assert runs[0] == runs[1]
 
-
-def make_steps_train(model, tx, backend):
-    return step_lib.make_steps(model, tx, backend).train_batch

@@ -9,8 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, step as step_lib
-from jax_dp.backends import make_backend
+from jax_dp import data, models, program, step as step_lib
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
@@ -31,13 +30,13 @@ def batches(fashion_train_6k):
 def run(model, batches, k, compute_dtype):
     """10 SGD steps with momentum: the state and the mean loss over the steps."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = step_lib.make_steps(model, tx, make_backend("pmap", get_devices(k)),
+    steps = program.build(model, tx, "pmap", get_devices(k),
                                 compute_dtype=compute_dtype)
     b = steps.backend
     state, metrics = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
     for batch in batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+        state, metrics = steps.train(state, metrics, b.shard(batch))
     metrics = b.unreplicate(metrics)
     return b.unreplicate(state), float(metrics["loss_sum"] / metrics["count"])
 
@@ -79,13 +78,13 @@ def test_the_model_computes_in_bfloat16_and_the_loss_in_float32():
 def test_gradients_are_summed_over_devices_in_float32(name):
     """Catches a gradient all-reduce in bfloat16: every all-reduce of the step is float32."""
     model, tx = MODELS[name], optax.sgd(0.1)
-    steps = step_lib.make_steps(model, tx, make_backend("shard_map", get_devices(2)),
+    steps = program.build(model, tx, "shard_map", get_devices(2),
                                 compute_dtype="bfloat16")
     b = steps.backend
     state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})
-    hlo = steps.train_batch.lower(state, b.replicate(step_lib.zero_metrics()), batch).as_text()
+    hlo = steps.lower("train", state, b.replicate(step_lib.zero_metrics()), batch).as_text()
     reduces = [line for line in hlo.splitlines() if "all_reduce" in line or "all-reduce" in line]
     assert reduces and not any("bf16" in line for line in reduces)
 
@@ -109,8 +108,8 @@ def test_the_cross_entropy_takes_float32_logits(compute_dtype, monkeypatch):
     monkeypatch.setattr(step_lib.optax, "softmax_cross_entropy_with_integer_labels",
                         lambda logits, labels: seen.append(logits.dtype) or loss(logits, labels))
     model, tx = MODELS["lenet"], optax.sgd(0.1)
-    step = step_lib.make_steps(model, tx, make_backend("single", get_devices(1)),
-                               compute_dtype=compute_dtype).train_step
+    step = program.build(model, tx, "single", get_devices(1),
+                               compute_dtype=compute_dtype).steps.train_step
     state = step_lib.init_state(model, tx, jax.random.key(0))
     batch = data.zero_batch(4)
     jax.make_jaxpr(step)(state, step_lib.zero_metrics(), batch)

@@ -119,16 +119,9 @@ def test_a_resume_may_only_add_epochs():
     assert SAVED.differences(saved) == {}
     assert dataclasses.replace(SAVED, epochs=5).differences(saved) == {}
     assert dataclasses.replace(SAVED, epochs=1).differences(saved) == {"epochs": (2, 1)}
-    # A checkpoint that names the model's options as fields of their own is read alike.
-    legacy = {**{k: v for k, v in saved.items() if k != "options"}, **SAVED.options}
-    assert SAVED.differences(legacy) == {}
-    assert SAVED.differences({**legacy, "conv": "xla"}) == {"conv": ("xla", SAVED.options["conv"])}
 
 
-def test_a_checkpoint_from_before_a_field_existed_holds_its_default():
-    """A run saved before compute_dtype existed computed in float32: it resumes as float32,
-    and is refused as bfloat16."""
+def test_a_checkpoint_without_a_field_is_another_run():
+    """No field is assumed at its default: a checkpoint that lacks one is refused, naming it."""
     saved = {k: v for k, v in dataclasses.asdict(SAVED).items() if k != "compute_dtype"}
-    assert SAVED.differences(saved) == {}
-    assert dataclasses.replace(SAVED, compute_dtype="bfloat16").differences(saved) == \
-        {"compute_dtype": ("float32", "bfloat16")}
+    assert SAVED.differences(saved) == {"compute_dtype": (None, "float32")}

@@ -113,17 +113,14 @@ def test_per_device_statistics_keep_their_device_count(tmp_path, fashion_train_6
     assert train.train(config, split, split, options, log=lambda _: None)["epochs"]
 
 
-def test_run_folders_are_named_by_global_batch_and_lr_and_older_ones_are_kept(tmp_path):
+def test_run_folders_are_named_by_global_batch_and_lr(tmp_path):
     """A resume on another device count finds the run; runs of one command that share batch
-    and lr are told apart by order; a folder of the older naming (by device count) still
-    resumes on its own device count."""
+    and lr are told apart by order; a folder named by device count is nobody's."""
     configs = [TrainConfig(devices=k, batch_size=b, lr=0.2) for k, b in ((1, 64), (2, 64), (4, 32))]
-    assert cli.run_folders(str(tmp_path), configs) == [
-        str(tmp_path / "bs64-lr0.2"), str(tmp_path / "bs64-lr0.2-2"), str(tmp_path / "bs32-lr0.2")]
+    want = [str(tmp_path / "bs64-lr0.2"), str(tmp_path / "bs64-lr0.2-2"), str(tmp_path / "bs32-lr0.2")]
+    assert cli.run_folders(str(tmp_path), configs) == want
     (tmp_path / "2dev-bs64-lr0.2").mkdir()
-    assert cli.run_folders(str(tmp_path), configs)[1] == str(tmp_path / "2dev-bs64-lr0.2")
-    (tmp_path / "bs64-lr0.2-2").mkdir()  # Once the new one exists, it is the run's.
-    assert cli.run_folders(str(tmp_path), configs)[1] == str(tmp_path / "bs64-lr0.2-2")
+    assert cli.run_folders(str(tmp_path), configs) == want
 
 
 def test_exact_runs_in_processes_of_other_device_counts_resume_to_the_same_bits(tmp_path):

@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, step as step_lib, train
-from jax_dp.exact import micro, steps as exact_steps
-from jax_dp.backends import make_backend
+from jax_dp import data, models, program, step as step_lib, train
+from jax_dp.exact import micro
 from jax_dp.config import MICRO_BATCHES, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
@@ -45,11 +44,11 @@ def exact_run(backend, k, batches, model=LENET, lr=0.1):
     """SGD steps with momentum (an optimizer state to compare): the state, and each step's
     metrics (a running sum would round a last-bit difference of one step away)."""
     tx = optax.sgd(lr, momentum=0.9)
-    steps = exact_steps.make_steps(model, tx, make_backend(backend, get_devices(k)))
+    steps = program.build(model, tx, backend, get_devices(k), exact=True)
     b = steps.backend
     state, per_step = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), []
     for batch in batches:
-        state, metrics = steps.train_batch(state, b.replicate(step_lib.zero_metrics()), b.shard(batch))
+        state, metrics = steps.train(state, b.replicate(step_lib.zero_metrics()), b.shard(batch))
         per_step.append(b.unreplicate(metrics))
     return b.unreplicate(state), per_step
 
@@ -94,12 +93,12 @@ def test_a_resnet_on_k_devices_gives_one_devices_bits_after_5_steps(five_batches
 def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
     """The comparison can fail: psum's sums on 8 devices move the bits."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(8)))
+    steps = program.build(LENET, tx, "pmap", get_devices(8))
     b = steps.backend
     state, metrics = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
     for batch in twenty_batches:
-        state, metrics = steps.train_batch(state, metrics, b.shard(batch))
+        state, metrics = steps.train(state, metrics, b.shard(batch))
     assert bits(b.unreplicate(state).params) != bits(one_device[0].params)
 
 
@@ -130,8 +129,8 @@ def test_per_device_batch_statistics_are_refused():
     """bn local: each device's statistics are of its own shard, so they follow k."""
     with pytest.raises(ParamError, match="exact needs a model with batch statistics to run each "
                                          "layer on micro-batches"):
-        exact_steps.make_steps(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
-                               make_backend("pmap", get_devices(2)))
+        program.build(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
+                               "pmap", get_devices(2), exact=True)
 
 
 def test_the_command_line_trains_1_and_2_devices_to_one_history(tmp_path):

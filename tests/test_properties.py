@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import torch_sgd_step
 
 from experiments.measure import parity
-from jax_dp import data, models, parallel, step as step_lib, train
+from jax_dp import data, models, parallel, program, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -97,7 +97,7 @@ def last_gradient():
 
 @functools.lru_cache(maxsize=None)
 def pmap_steps(k):
-    return step_lib.make_steps(LENET, last_gradient(), make_backend("pmap", get_devices(k)))
+    return program.build(LENET, last_gradient(), "pmap", get_devices(k))
 
 
 @jax.jit
@@ -115,7 +115,7 @@ def test_gradient_from_k_shards_equals_the_whole_batch_gradient(k, per_device, s
     whole = whole_grad(params, b["image"], b["label"])
     steps = pmap_steps(k)  # The gradient train_step itself hands the optimizer, on k devices.
     state = step_lib.TrainState(params, model_state, last_gradient().init(params))
-    state, _ = steps.train_batch(steps.backend.replicate(state),
+    state, _ = steps.train(steps.backend.replicate(state),
                                  steps.backend.replicate(step_lib.zero_metrics()), steps.backend.shard(b))
     split = steps.backend.unreplicate(state).opt_state
     scale = per_example_abs_grad_sum(params, b["image"], b["label"])
@@ -133,9 +133,9 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
     perm = np.random.default_rng(seed + 1).permutation(k * per_device)
     shuffled = {name: v[perm] for name, v in b.items()}
     tx = optax.sgd(lr)
-    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    steps = program.build(LENET, tx, "pmap", get_devices(k))
     state = step_lib.init_state(LENET, tx, jax.random.key(seed))
-    after = [steps.backend.unreplicate(steps.train_batch(
+    after = [steps.backend.unreplicate(steps.train(
         steps.backend.replicate(state), steps.backend.replicate(step_lib.zero_metrics()),
         steps.backend.shard(batch))[0]).params for batch in (b, shuffled)]
     scale = per_example_abs_grad_sum(state.params, b["image"], b["label"])
@@ -148,12 +148,12 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
 
 def run(k, batches, lr=0.3):
     tx = optax.sgd(lr)
-    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    steps = program.build(LENET, tx, "pmap", get_devices(k))
     state = steps.backend.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
     metrics = steps.backend.replicate(step_lib.zero_metrics())
     for batch in batches:
-        state, metrics = steps.train_batch(state, metrics, steps.backend.shard(batch))
-    return state, steps.train_batch
+        state, metrics = steps.train(state, metrics, steps.backend.shard(batch))
+    return state, steps.wrapped["train"]
 
 
 def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
@@ -167,11 +167,11 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
         runs = {}
         for name in ("pmap", "fake_pmap"):
             with chex.fake_pmap(enable_patching=name == "fake_pmap"):
-                steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
-                assert hasattr(steps.train_batch, "lower") == (name == "pmap")  # vmap, not pmap.
+                steps = program.build(LENET, tx, "pmap", get_devices(k))
+                assert hasattr(steps.wrapped["train"], "lower") == (name == "pmap")  # vmap, not pmap.
                 b = steps.backend
                 # The vmap, jitted: one compilation instead of one per operation.
-                step = steps.train_batch if name == "pmap" else jax.jit(steps.train_batch)
+                step = steps.train if name == "pmap" else jax.jit(steps.train)
                 out, _ = step(b.replicate(state), b.replicate(
                     parity.cast(step_lib.zero_metrics(), jnp.float64)), b.shard(b64))
                 runs[name] = b.unreplicate(out).params
@@ -235,7 +235,7 @@ def test_evaluation_counts_every_example_for_any_batch_size(k, n, batch_size, la
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]  # Always predicts `label`.
     tx = optax.sgd(0.1)
-    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    steps = program.build(LENET, tx, "pmap", get_devices(k))
     totals = train.evaluate(steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params))),
                             split, batch_size)
     assert totals["count"] == n and totals["correct"] == np.sum(labels == label)

@@ -8,10 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, step as step_lib, train
+from jax_dp import data, models, program, step as step_lib, train
 from jax_dp.models.lenet import lenet
 from jax_dp.models.model import Model
-from jax_dp.backends import make_backend
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
@@ -60,7 +59,7 @@ def constant_prediction_state(k, label):
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]
     tx = optax.sgd(0.1)
-    steps = step_lib.make_steps(LENET, tx, make_backend("pmap", get_devices(k)))
+    steps = program.build(LENET, tx, "pmap", get_devices(k))
     return steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params)))
 
 
@@ -145,7 +144,7 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
                         lambda params, state, x, mask, *, train, axis_name: (
                             jax.numpy.zeros((x.shape[0], 10)).at[:, 0].set(1.0) + params["b"],
                             state))
-    steps = step_lib.make_steps(zero, optax.sgd(0.1), make_backend("pmap", get_devices(4)))
+    steps = program.build(zero, optax.sgd(0.1), "pmap", get_devices(4))
     state = steps.backend.replicate(step_lib.init_state(zero, optax.sgd(0.1), jax.random.key(0)))
     labels = np.array([0, 1, 0, 2, 3, 0, 4, 5, 6, 7, 8, 9, 1], np.int32)
     split = data.Split(np.zeros((13, 28, 28, 1), np.float32), labels)

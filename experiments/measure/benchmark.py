@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import time
 from typing import Any, Callable, Sequence
@@ -11,7 +10,7 @@ import jax
 import numpy as np
 import optax
 
-from jax_dp import data, feeds, runner, step as step_lib
+from jax_dp import data, feeds, program as program_lib, step as step_lib
 from jax_dp.allreduce import get_allreduce
 from jax_dp.backends import make_backend
 from jax_dp.models.model import Model
@@ -42,23 +41,30 @@ def matmul_ceiling(n: int = 2048, repeats: int = 7) -> float:
     return 2 * n**3 / median_s(lambda: a @ b, repeats) / 1e9
 
 
+def single(model: Model, lr: float = 0.1) -> tuple[program_lib.Program, optax.GradientTransformation]:
+    """The single-device program of model's SGD steps at lr (no collectives), and its SGD."""
+    tx = optax.sgd(lr)
+    return program_lib.build(model, tx, "single", jax.devices()[:1]), tx
+
+
 def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple:
     """One single-device SGD step compiled for batch_size zero images, and its arguments:
-    (compiled step, state, metrics, batch)."""
-    tx, state = sgd_state(model)
-    batch = jax.device_put(data.zero_batch(batch_size, image_shape))
-    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
-    return step.lower(state, step_lib.zero_metrics(), batch).compile(), state, step_lib.zero_metrics(), batch
+    (compiled step, state, metrics, batch); the step donates the state it is given."""
+    program, tx = single(model)
+    state, metrics = program.place(sgd_state(model)[1])
+    batch = program.shard(data.zero_batch(batch_size, image_shape))
+    return program.compile("train", state, metrics, batch), state, metrics, batch
 
 
 def step_flops(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> float:
     """FLOPs of one single-device training step on batch_size images, as XLA counts them in the
     step JAX lowers (no compile: within 0.5% of the optimized step's count)."""
-    tx, state = sgd_state(model, shapes=True)
+    program, _ = single(model)
+    state = sgd_state(model, shapes=True)[1]
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                          data.zero_batch(batch_size, image_shape))
-    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
-    cost = step.lower(state, jax.eval_shape(step_lib.zero_metrics), batch).cost_analysis()
+    cost = program.lower("train", state, jax.eval_shape(step_lib.zero_metrics),
+                         batch).cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
@@ -71,36 +77,45 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     exact: the exact mode's step (jax_dp.exact; batches padded to its micro-batches).
     """
     tx, state = sgd_state(model, lr)
-    steps = runner.build_steps(model, tx, backend, devices, exact=exact)
-    state, metrics = runner.place(steps, state)
-    placed = [steps.backend.shard(batch) for batch in batches]
+    program = program_lib.build(model, tx, backend, devices, exact=exact)
+    state, metrics = program.place(state)
+    placed = [program.shard(batch) for batch in batches]
     start = time.perf_counter()
-    step = runner.compile_train(steps, state, metrics, batches[0])
+    program.compile("train", state, metrics, placed[0])
     compile_s = time.perf_counter() - start
-    state, metrics = jax.block_until_ready(step(state, metrics, placed[0]))
+    state, metrics = jax.block_until_ready(program.train(state, metrics, placed[0]))
     per_step = []
     for _ in range(repeats):
         start = time.perf_counter()
-        state, metrics = runner.run(step, state, metrics, placed)
+        state, metrics = program.run(state, metrics, placed)
         per_step.append((time.perf_counter() - start) / len(placed))
     return {"compile_s": compile_s, "step_s": per_step}
+
+
+def time_exact(model: Model, devices: Sequence[jax.Device], batches: list[dict],
+               rounds: int) -> tuple[list[float], list[float]]:
+    """The normal and the exact mode's mean seconds per step (pmap over devices, batches padded
+    to the exact mode's micro-batches), timed in turn, rounds times each."""
+    def timed(exact):
+        return time_steps(model, "pmap", devices, batches, repeats=1, exact=exact)["step_s"][0]
+    normal, exact = zip(*[(timed(False), timed(True)) for _ in range(rounds)])
+    return list(normal), list(exact)
 
 
 def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3) -> float:
     """Seconds per training step on one device with no collective and no dispatch between
     steps (steps of them per compiled call, under lax.scan): the step's compute alone."""
-    tx, state = sgd_state(model)
-    built = runner.build_steps(model, tx, "single", jax.devices()[:1])
-    run = built.backend.compile(feeds.scanned(built.train_step), donate_argnums=(0,))
+    program, _ = single(model)
+    state, metrics = program.place(sgd_state(model)[1])
     n = batch_size * steps
-    split = jax.device_put(feeds.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
+    split = program.shard(feeds.on_device(data.Split(np.zeros((n, 28, 28, 1), np.float32),
                                                      np.zeros(n, np.int32))))
-    call = jax.device_put(next(feeds.calls(n, batch_size, steps, order=np.arange(n))))
-    compiled = run.lower(state, step_lib.zero_metrics(), split, call).compile()
+    call = program.shard(next(feeds.calls(n, batch_size, steps, order=np.arange(n))))
+    compiled = program.compile("calls", state, metrics, split, call)
 
     def calls():
         nonlocal state
-        state, metrics = compiled(state, step_lib.zero_metrics(), split, call)
+        state, metrics = compiled(state, program.zero_metrics(), split, call)
         jax.block_until_ready(metrics)
     calls()
     return median_s(calls, repeats, steps)
@@ -125,16 +140,16 @@ def time_fixed(model: Model, devices: Sequence[jax.Device], batch_size: int, rep
                calls: int = 20) -> float:
     """Seconds per call of a step that does no work on training's arguments (the model's state,
     metrics, a placed batch), dispatched as time_steps does: the per-step fixed cost."""
-    b = make_backend("pmap", devices)
-    step = b.compile(lambda state, metrics, batch: (state, {
-        **metrics, "count": metrics["count"] + batch["mask"].sum()}), donate_argnums=(0,))
-    state = b.replicate(sgd_state(model)[1])
-    metrics = b.replicate(step_lib.zero_metrics())
-    batch = b.shard(data.zero_batch(batch_size))
+    def idle(state, metrics, batch):
+        return state, {**metrics, "count": metrics["count"] + batch["mask"].sum()}
+
+    program = program_lib.Program(make_backend("pmap", devices), step_lib.Steps(idle))
+    state, metrics = program.place(sgd_state(model)[1])
+    batch = program.shard(data.zero_batch(batch_size))
 
     def run():
         nonlocal state, metrics
-        state, metrics = runner.run(step, state, metrics, [batch] * calls)
+        state, metrics = program.run(state, metrics, [batch] * calls)
     run()
     return median_s(run, repeats, calls)
 
@@ -144,8 +159,8 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     compiled HLO (XLA combines the gradients into one tuple all-reduce; gloo sums each array
     as a collective of its own)."""
     tx, state = sgd_state(model)
-    steps = runner.build_steps(model, tx, "pmap", devices)
-    batch = steps.backend.shard(data.zero_batch(batch_size))
-    text = steps.train_batch.lower(*runner.place(steps, state), batch).compile().as_text()
+    program = program_lib.build(model, tx, "pmap", devices)
+    batch = program.shard(data.zero_batch(batch_size))
+    text = program.compile("train", *program.place(state), batch).as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]
     return sum(len(re.findall(r"\b[a-z]+\d*\[", r)) for r in results)

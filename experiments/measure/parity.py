@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_dp import runner, step as step_lib
+from jax_dp import program as program_lib, step as step_lib
 from jax_dp.devices import get_devices
 from jax_dp.models.model import Model
 
@@ -77,21 +77,20 @@ class _Runner:
 
     def __init__(self, model, tx, config, init, example_batch, dtype, exact):
         self.config = config
-        self.steps = runner.build_steps(model, tx, config.backend, get_devices(config.devices),
-                                        exact=exact)
-        self.state, metrics = runner.place(self.steps, init)
+        self.program = program_lib.build(model, tx, config.backend, get_devices(config.devices),
+                                         exact=exact)
+        self.state, metrics = self.program.place(init)
         start = time.perf_counter()
-        self.train_batch = runner.compile_train(self.steps, self.state, metrics,
-                                                cast(example_batch, dtype))
+        self.program.compile("train", self.state, metrics,
+                             self.program.shard(cast(example_batch, dtype)))
         self.compile_s = time.perf_counter() - start
         self.times, self.losses, self.diffs, self.l2_diffs = [], [], [], []
 
     def step(self, batch):
-        backend = self.steps.backend
-        placed = backend.shard(batch)
+        program, backend = self.program, self.program.backend
+        placed = program.shard(batch)
         start = time.perf_counter()
-        self.state, metrics = runner.run(self.train_batch, self.state,
-                                         backend.replicate(step_lib.zero_metrics()), [placed])
+        self.state, metrics = program.run(self.state, program.zero_metrics(), [placed])
         self.times.append(time.perf_counter() - start)  # run waited for the step.
         metrics = backend.unreplicate(metrics)
         self.losses.append(float(metrics["loss_sum"] / metrics["count"]))

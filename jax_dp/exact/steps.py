@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 
 import jax
 import optax
 from jax import lax
 
-from jax_dp.backends.base import Backend
-from jax_dp.backends.shard_map import ShardMap
 from jax_dp.config import MICRO_BATCHES
 from jax_dp.errors import ParamError
 from jax_dp.exact.layers import on_micro_batches
@@ -88,19 +85,15 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     return add_metrics(metrics, total(new, axis_name))
 
 
-def make_steps(model: Model, tx: optax.GradientTransformation, backend: Backend,
+def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None,
                compute_dtype: str = "float32") -> Steps:
     """step.make_steps' Steps in the exact mode: each global batch padded to MICRO_BATCHES
     rows' multiple, its sums in the tree (the config has checked the rest: config.check_exact)."""
     if model.module is None and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
         raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
                          "layer on micro-batches (Model.module; resnet18 has one with bn sync)")
-    if isinstance(backend, ShardMap):  # Its sums are ppermutes whose results it knows replicated.
-        backend = copy.copy(backend)
-        backend.check_vma = False
-    train_fn = functools.partial(train_step, model=model, tx=tx, axis_name=backend.axis_name,
-                                 compute_dtype=compute_dtype)
-    eval_fn = functools.partial(eval_step, model=model, axis_name=backend.axis_name,
-                                compute_dtype=compute_dtype)
-    return Steps(backend, train_fn, backend.compile(train_fn, donate_argnums=(0,)),
-                 backend.compile(eval_fn), MICRO_BATCHES)
+    # Its sums are ppermutes whose results it knows replicated: untyped under shard_map.
+    return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name,
+                                   compute_dtype=compute_dtype),
+                 functools.partial(eval_step, model=model, axis_name=axis_name,
+                                   compute_dtype=compute_dtype), MICRO_BATCHES, typed=False)

@@ -1,0 +1,111 @@
+"""The program: a model's steps on a backend's devices, placed, compiled and run.
+
+The run loop and every measuring tool reach compiled steps only through a Program, so each
+times, inspects and compares the step that training runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import optax
+
+from jax_dp import allreduce, dispatch, feeds
+from jax_dp.backends import Backend, make_backend
+from jax_dp.models.model import Model
+from jax_dp.step import Steps, TrainState, make_steps, zero_metrics
+
+# What a program runs: one step on a placed batch, several under lax.scan on a placed call
+# (feeds.scanned), or an evaluation step. Each takes (state, metrics, ..., its data last).
+KINDS = ("train", "calls", "evaluate")
+
+
+class Program:
+    """steps (pure, per shard) wrapped for backend: state placed on its devices, each kind of
+    step compiled once per shape of its data, and run.
+
+    A step called before it is compiled ahead (`compile`) runs through the backend's own
+    wrapper (jax.pmap, jax.jit), which compiles it on first use.
+    """
+
+    def __init__(self, backend: Backend, steps: Steps):
+        self.backend = backend.for_steps(steps)
+        self.steps = steps
+        self.pad_to = steps.pad_to or len(backend.devices)  # Rows a global batch is padded to.
+        compile = self.backend.compile
+        # The state is donated: a step's inputs become its outputs' buffers.
+        self.wrapped = {"train": compile(steps.train_step, donate_argnums=(0,)),
+                        "calls": compile(feeds.scanned(steps.train_step), donate_argnums=(0,))}
+        if steps.eval_step is not None:
+            self.wrapped["evaluate"] = compile(steps.eval_step)
+        self.compiled: dict[tuple, Callable] = {}  # (kind, data's shapes) -> compiled step.
+
+    def place(self, state: TrainState) -> tuple[TrainState, dict]:
+        """A host state, and zero metrics, on the devices: one copy on each."""
+        return self.backend.replicate(state), self.zero_metrics()
+
+    def zero_metrics(self) -> dict:
+        """Zero metrics, placed."""
+        return self.backend.replicate(zero_metrics())
+
+    def shard(self, batch: Any) -> Any:
+        """A host global batch (or call) split over the devices."""
+        return self.backend.shard(batch)
+
+    def lower(self, kind: str, *args) -> Any:
+        """The kind of step lowered for args (placed values, or jax.ShapeDtypeStructs): its
+        HLO and XLA's cost analysis."""
+        return self.wrapped[kind].lower(*args)
+
+    def compile(self, kind: str, *args) -> Callable:
+        """The kind of step compiled ahead for args like these (placed), kept for every later
+        call on data of their shape; memory_analysis() and as_text() where the backend allows."""
+        compiled = self.backend.precompile(self.wrapped[kind], *args)
+        self.compiled[(kind, _shapes(args[-1]))] = compiled
+        return compiled
+
+    def __call__(self, kind: str, *args):
+        """The kind of step on args: compiled ahead where it was for their shape."""
+        return self.compiled.get((kind, _shapes(args[-1])), self.wrapped[kind])(*args)
+
+    def train(self, state: TrainState, metrics: dict, batch: Any) -> tuple[TrainState, dict]:
+        """One training step on a placed global batch."""
+        return self("train", state, metrics, batch)
+
+    def evaluate(self, state: TrainState, metrics: dict, batch: Any) -> dict:
+        """metrics plus a placed batch's sums (loss, correct, count)."""
+        return self("evaluate", state, metrics, batch)
+
+    def run(self, state: TrainState, metrics: dict, batches: Iterable,
+            in_flight: dispatch.InFlight | None = None) -> tuple[TrainState, dict]:
+        """state and metrics after a training step on each placed batch, at most
+        dispatch.MAX_IN_FLIGHT steps ahead of the host; the last ones are waited for unless
+        in_flight is given."""
+        waiting = in_flight or dispatch.InFlight()
+        for batch in batches:
+            state, metrics = self.train(state, metrics, batch)
+            waiting.add(metrics)
+        if in_flight is None:
+            waiting.drain()
+        return state, metrics
+
+
+def build(model: Model, tx: optax.GradientTransformation, backend: str,
+          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum",
+          compute_dtype: str = "float32") -> Program:
+    """The book's steps on backend over devices, gradients summed by scheme (allreduce.py); or,
+    with exact, the exact mode's (jax_dp.exact)."""
+    placed = make_backend(backend, devices)
+    if exact:
+        from jax_dp.exact import steps as exact_steps
+
+        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name, compute_dtype))
+    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme),
+                                      compute_dtype))
+
+
+def _shapes(data: Any) -> tuple:
+    """What a compiled step is kept by: its data's tree of shapes and dtypes."""
+    leaves, tree = jax.tree.flatten(data)
+    return tree, tuple((x.shape, x.dtype) for x in leaves)
