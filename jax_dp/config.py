@@ -19,7 +19,7 @@ DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mni
 # SHA-256 of each download, and ours of its decompressed bytes, are what vouch for them.
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 SIZES = {"train": 60_000, "test": 10_000}  # Fashion-MNIST's splits.
-COMPUTE_DTYPES = ("float32", "bfloat16")  # What activations and products run in (step.compute_view).
+COMPUTE_DTYPES = ("float32", "bfloat16")  # What activations and products run in (models.precision).
 MICRO_BATCHES = 8  # The exact mode's micro-batches per global batch (jax_dp.exact): a power of 2.
 # Where and how a run's sums are taken, not what it computes: a resume may change them.
 PLACEMENT = ("devices", "backend", "allreduce")

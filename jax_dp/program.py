@@ -92,17 +92,15 @@ class Program:
 
 
 def build(model: Model, tx: optax.GradientTransformation, backend: str,
-          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum",
-          compute_dtype: str = "float32") -> Program:
+          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum") -> Program:
     """The book's steps on backend over devices, gradients summed by scheme (allreduce.py); or,
     with exact, the exact mode's (jax_dp.exact)."""
     placed = make_backend(backend, devices)
     if exact:
         from jax_dp.exact import steps as exact_steps
 
-        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name, compute_dtype))
-    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme),
-                                      compute_dtype))
+        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name))
+    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme)))
 
 
 def _shapes(data: Any) -> tuple:

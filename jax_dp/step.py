@@ -35,24 +35,6 @@ def zero_metrics() -> dict[str, jax.Array]:
             "bad_part": -jnp.ones((), jnp.int32)}
 
 
-def compute_view(params: Any, x: jax.Array, compute_dtype: str = "float32") -> tuple[Any, jax.Array]:
-    """params and images as the model computes with them: in bfloat16, a copy of each float
-    param and the images cast down (the float32 params stay the ones updated, and their
-    gradient comes back float32 through the cast); otherwise unchanged."""
-    if compute_dtype == "float32":  # The params' own dtype (float64 in the parity checks).
-        return params, x
-    cast = lambda a: a.astype(compute_dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a  # noqa: E731
-    return jax.tree.map(cast, params), x.astype(compute_dtype)
-
-
-def apply_model(model: Model, params: Any, model_state: Any, x: jax.Array, mask: jax.Array,
-                compute_dtype: str = "float32", **kwargs) -> tuple[jax.Array, Any]:
-    """model.apply on compute_view's params and images; the logits back in float32."""
-    params, x = compute_view(params, x, compute_dtype)
-    logits, model_state = model.apply(params, model_state, x, mask, **kwargs)
-    return (logits if compute_dtype == "float32" else logits.astype(jnp.float32)), model_state
-
-
 def batch_metrics(logits, labels, mask, loss_sum):
     correct = jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
     return {"loss_sum": loss_sum, "correct": correct, "count": jnp.sum(mask)}
@@ -70,8 +52,7 @@ def add_metrics(metrics, new):
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
                tx: optax.GradientTransformation, axis_name: str | None,
-               grad_allreduce: Callable = allreduce_flat,
-               compute_dtype: str = "float32") -> tuple[TrainState, dict]:
+               grad_allreduce: Callable = allreduce_flat) -> tuple[TrainState, dict]:
     """One SGD step on this device's shard of a global batch.
 
     The book's convention: each device sums the cross-entropy over its real (mask 1)
@@ -80,13 +61,13 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
     replica applies the same update as one device would on the whole batch. With
     axis_name None the same function is the single-device step. Once a step's loss or
     gradients are not finite, this and later steps of the epoch leave the state as it was
-    (metrics say where). compute_dtype: what the model computes in (compute_view).
+    (metrics say where).
     """
     x, y, mask = batch["image"], batch["label"], batch["mask"]
 
     def loss_fn(params):
-        logits, model_state = apply_model(model, params, state.model_state, x, mask,
-                                          compute_dtype, train=True, axis_name=axis_name)
+        logits, model_state = model.apply(params, state.model_state, x, mask, train=True,
+                                          axis_name=axis_name)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return jnp.sum(losses * mask), (logits, model_state)
 
@@ -116,11 +97,11 @@ def apply_gradients(state: TrainState, metrics: dict, grads: Any, new: dict, mod
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-              axis_name: str | None, compute_dtype: str = "float32") -> dict:
+              axis_name: str | None) -> dict:
     """Add this shard's loss, correct count and example count, summed over the devices."""
     x, y, mask = batch["image"], batch["label"], batch["mask"]
-    logits, _ = apply_model(model, state.params, state.model_state, x, mask, compute_dtype,
-                            train=False, axis_name=axis_name)
+    logits, _ = model.apply(state.params, state.model_state, x, mask, train=False,
+                            axis_name=axis_name)
     return add_metrics(metrics, allreduce(example_metrics(logits, y, mask), axis_name))
 
 
@@ -136,14 +117,12 @@ class Steps(NamedTuple):
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None,
-               grad_allreduce: Callable = allreduce_flat, compute_dtype: str = "float32") -> Steps:
+               grad_allreduce: Callable = allreduce_flat) -> Steps:
     """The book's steps over axis_name (None: one device, no collectives).
 
     grad_allreduce: how the step sums gradients and metrics (allreduce_flat: one lax.psum;
-    jax_dp.allreduce has the hand-made ones). compute_dtype: what the model computes in,
-    'float32' or 'bfloat16' (compute_view).
+    jax_dp.allreduce has the hand-made ones).
     """
     return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name,
-                                   grad_allreduce=grad_allreduce, compute_dtype=compute_dtype),
-                 functools.partial(eval_step, model=model, axis_name=axis_name,
-                                   compute_dtype=compute_dtype))
+                                   grad_allreduce=grad_allreduce),
+                 functools.partial(eval_step, model=model, axis_name=axis_name))

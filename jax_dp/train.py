@@ -20,6 +20,7 @@ from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.models import auto_choices, get_model, model_options
+from jax_dp.models.precision import computing_in
 from jax_dp.program import Program
 from jax_dp.step import TrainState, init_state
 
@@ -133,11 +134,10 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     chosen = auto_choices(config.options, platform)
     log(f"config: {config}" + (f" (auto on {platform}: "
                                + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
-    model, tx, key = get_model(config.model, platform, **config.options), optimizer(config), \
-        jax.random.key(config.seed)
+    model = computing_in(get_model(config.model, platform, **config.options), config.compute_dtype)
+    tx, key = optimizer(config), jax.random.key(config.seed)
     program = program_lib.build(model, tx, config.backend, get_devices(config.devices),
-                                exact=config.exact, scheme=config.allreduce,
-                                compute_dtype=config.compute_dtype)
+                                exact=config.exact, scheme=config.allreduce)
     backend = program.backend
     feed = feeds.make_feed(program, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)

@@ -14,6 +14,7 @@ from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.models.model import Model
+from jax_dp.models.precision import computing_in
 
 sys.path.insert(0, "tests")
 import tiny_resnet  # noqa: E402
@@ -30,8 +31,7 @@ def batches(fashion_train_6k):
 def run(model, batches, k, compute_dtype):
     """10 SGD steps with momentum: the state and the mean loss over the steps."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = program.build(model, tx, "pmap", get_devices(k),
-                                compute_dtype=compute_dtype)
+    steps = program.build(computing_in(model, compute_dtype), tx, "pmap", get_devices(k))
     b = steps.backend
     state, metrics = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
@@ -66,8 +66,8 @@ def test_the_model_computes_in_bfloat16_and_the_loss_in_float32():
 
     model = Model(lenet.init, apply)
     tx = optax.sgd(0.1)
-    step = jax.jit(lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None,
-                                                       compute_dtype="bfloat16"))
+    step = jax.jit(lambda s, m, b: step_lib.train_step(s, m, b, model=computing_in(model, "bfloat16"),
+                                                       tx=tx, axis_name=None))
     batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
     state, metrics = step(step_lib.init_state(model, tx, jax.random.key(0)), step_lib.zero_metrics(), batch)
     assert seen == [(jnp.bfloat16, {jnp.dtype(jnp.bfloat16)}), jnp.bfloat16]
@@ -78,8 +78,7 @@ def test_the_model_computes_in_bfloat16_and_the_loss_in_float32():
 def test_gradients_are_summed_over_devices_in_float32(name):
     """Catches a gradient all-reduce in bfloat16: every all-reduce of the step is float32."""
     model, tx = MODELS[name], optax.sgd(0.1)
-    steps = program.build(model, tx, "shard_map", get_devices(2),
-                                compute_dtype="bfloat16")
+    steps = program.build(computing_in(model, "bfloat16"), tx, "shard_map", get_devices(2))
     b = steps.backend
     state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
@@ -108,8 +107,7 @@ def test_the_cross_entropy_takes_float32_logits(compute_dtype, monkeypatch):
     monkeypatch.setattr(step_lib.optax, "softmax_cross_entropy_with_integer_labels",
                         lambda logits, labels: seen.append(logits.dtype) or loss(logits, labels))
     model, tx = MODELS["lenet"], optax.sgd(0.1)
-    step = program.build(model, tx, "single", get_devices(1),
-                               compute_dtype=compute_dtype).steps.train_step
+    step = step_lib.make_steps(computing_in(model, compute_dtype), tx, None).train_step
     state = step_lib.init_state(model, tx, jax.random.key(0))
     batch = data.zero_batch(4)
     jax.make_jaxpr(step)(state, step_lib.zero_metrics(), batch)

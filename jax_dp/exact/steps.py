@@ -13,7 +13,7 @@ from jax_dp.errors import ParamError
 from jax_dp.exact.layers import on_micro_batches
 from jax_dp.exact.micro import Parts, doubling_sum, total, tree_sum
 from jax_dp.models.model import Model
-from jax_dp.step import Steps, TrainState, add_metrics, apply_gradients, apply_model, example_metrics
+from jax_dp.step import Steps, TrainState, add_metrics, apply_gradients, example_metrics
 
 
 def _per_device(axis_name: str | None) -> int:
@@ -26,12 +26,12 @@ def _each(fn, n, *rows):
     return first.each(fn, *others)
 
 
-def _model_whole(state, batch, model, n, compute_dtype):
+def _model_whole(state, batch, model, n):
     """Gradients and metrics of each micro-batch, the model run on it whole (stacked)."""
     def one(x, labels, mask):
         def loss_fn(params):
-            logits, _ = apply_model(model, params, state.model_state, x, mask, compute_dtype,
-                                    train=True, axis_name=None)
+            logits, _ = model.apply(params, state.model_state, x, mask, train=True,
+                                    axis_name=None)
             new = example_metrics(logits, labels, mask)
             return new["loss_sum"], new
         return jax.grad(loss_fn, has_aux=True)(state.params)
@@ -39,15 +39,15 @@ def _model_whole(state, batch, model, n, compute_dtype):
     return tree_sum(grads), new, state.model_state
 
 
-def _layer_by_layer(state, batch, model, n, axis_name, compute_dtype):
+def _layer_by_layer(state, batch, model, n, axis_name):
     """This device's gradients (its micro-batches' tree), each micro-batch's metrics (stacked)
     and the new model state, every layer run per micro-batch (layers.on_micro_batches)."""
     labels, mask = batch["label"], batch["mask"]
     micro_model = on_micro_batches(model, n)
 
     def loss_fn(params):
-        logits, model_state = apply_model(micro_model, params, state.model_state, batch["image"],
-                                          mask, compute_dtype, train=True, axis_name=axis_name)
+        logits, model_state = micro_model.apply(params, state.model_state, batch["image"], mask,
+                                                train=True, axis_name=axis_name)
         new = _each(example_metrics, n, logits, labels, mask)
         return tree_sum(new["loss_sum"]), (new, model_state)
     grads, (new, model_state) = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -55,14 +55,13 @@ def _layer_by_layer(state, batch, model, n, axis_name, compute_dtype):
 
 
 def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-               tx: optax.GradientTransformation, axis_name: str | None,
-               compute_dtype: str = "float32") -> tuple[TrainState, dict]:
+               tx: optax.GradientTransformation, axis_name: str | None) -> tuple[TrainState, dict]:
     """step.train_step with every sum over examples in the fixed tree."""
     n = _per_device(axis_name)
     if model.module is not None:
-        grads, new, model_state = _layer_by_layer(state, batch, model, n, axis_name, compute_dtype)
+        grads, new, model_state = _layer_by_layer(state, batch, model, n, axis_name)
     else:
-        grads, new, model_state = _model_whole(state, batch, model, n, compute_dtype)
+        grads, new, model_state = _model_whole(state, batch, model, n)
     new = total(new, axis_name)
     if axis_name is not None:
         grads = doubling_sum(grads, axis_name)
@@ -70,30 +69,28 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 
 
 def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
-              axis_name: str | None, compute_dtype: str = "float32") -> dict:
+              axis_name: str | None) -> dict:
     """step.eval_step on micro-batches, its sums in the fixed tree."""
     n = _per_device(axis_name)
     x, labels, mask = batch["image"], batch["label"], batch["mask"]
     if model.module is not None:
-        logits, _ = apply_model(on_micro_batches(model, n), state.params, state.model_state, x,
-                                mask, compute_dtype, train=False, axis_name=axis_name)
+        logits, _ = on_micro_batches(model, n).apply(state.params, state.model_state, x, mask,
+                                                     train=False, axis_name=axis_name)
         new = _each(example_metrics, n, logits, labels, mask)
     else:
-        new = _each(lambda x, labels, mask: example_metrics(apply_model(
-            model, state.params, state.model_state, x, mask, compute_dtype, train=False,
-            axis_name=None)[0], labels, mask), n, x, labels, mask)
+        new = _each(lambda x, labels, mask: example_metrics(model.apply(
+            state.params, state.model_state, x, mask, train=False, axis_name=None)[0],
+            labels, mask), n, x, labels, mask)
     return add_metrics(metrics, total(new, axis_name))
 
 
-def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None,
-               compute_dtype: str = "float32") -> Steps:
+def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None) -> Steps:
     """step.make_steps' Steps in the exact mode: each global batch padded to MICRO_BATCHES
     rows' multiple, its sums in the tree (the config has checked the rest: config.check_exact)."""
     if model.module is None and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
         raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
                          "layer on micro-batches (Model.module; resnet18 has one with bn sync)")
     # Its sums are ppermutes whose results it knows replicated: untyped under shard_map.
-    return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name,
-                                   compute_dtype=compute_dtype),
-                 functools.partial(eval_step, model=model, axis_name=axis_name,
-                                   compute_dtype=compute_dtype), MICRO_BATCHES, typed=False)
+    return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name),
+                 functools.partial(eval_step, model=model, axis_name=axis_name), MICRO_BATCHES,
+                 typed=False)
