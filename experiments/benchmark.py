@@ -43,13 +43,13 @@ def worker(spec: dict) -> dict:
 
         return torch_peer.time_steps(spec["model"], batches, spec["repeats"], threads=os.cpu_count())
     from jax_dp import devices, models
-    from experiments.measure import benchmark
+    from experiments.measure import timing
 
     devices.simulate_cpu_devices(spec["devices"])
     model = models.get_model(spec["model"], **spec["options"])
-    result = benchmark.time_steps(model, "pmap", devices.get_devices(spec["devices"]), batches,
+    result = timing.time_steps(model, "pmap", devices.get_devices(spec["devices"]), batches,
                                   spec["repeats"])
-    return {**result, "flops_per_step": benchmark.step_flops(model, spec["batch_size"])}
+    return {**result, "flops_per_step": timing.step_flops(model, spec["batch_size"])}
 
 
 def flags_for(fusions: str) -> str:
@@ -75,7 +75,7 @@ def main(args) -> None:
     """Time every path and device count (and the peer), then print and save the table."""
     import numpy as np
 
-    from experiments.measure import benchmark
+    from experiments.measure import timing
 
     cli.check_writable(args.json)
     cli.check_writable(args.plot, plot=True)
@@ -89,7 +89,7 @@ def main(args) -> None:
     unknown = set(chosen) - set(known)
     if unknown:
         raise ValueError(f"unknown --paths {sorted(unknown)} for {args.model}: use {', '.join(known)}")
-    ceiling = benchmark.matmul_ceiling()
+    ceiling = timing.matmul_ceiling()
     print(f"float32 matmul ceiling (numpy, 2048^2): {ceiling:.0f} GFLOP/s; "
           f"allocator: {os.environ.get('LD_PRELOAD') or 'glibc malloc'}", flush=True)
     base = {"model": args.model, "steps": steps, "batch_size": batch_size, "repeats": args.repeats}

@@ -22,7 +22,7 @@ def main(args) -> None:
     """Run the comparison and print its table."""
     from jax_dp import data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
-    from experiments.measure import parity
+    from experiments.measure import divergence
 
     cli.check_writable(args.json)
     cli.check_writable(args.plot, plot=True)
@@ -48,8 +48,8 @@ def main(args) -> None:
     import jax
 
     with jax.enable_x64(dtype == "float64"):
-        result = parity.compare(models.get_model(args.model, **options), batches,
-                                [parity.Config(b, k) for b in args.backends for k in args.devices],
+        result = divergence.compare(models.get_model(args.model, **options), batches,
+                                [divergence.Config(b, k) for b in args.backends for k in args.devices],
                                 lr=lr, seed=args.seed, dtype=dtype, exact=args.exact)
     result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,
                   steps=args.steps, dtype=dtype, exact=args.exact)

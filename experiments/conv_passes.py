@@ -23,7 +23,7 @@ def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
     import jax
     from jax import lax
 
-    from experiments.measure import benchmark
+    from experiments.measure import timing
     from jax_dp import models, step as step_lib
     from jax_dp.xla_cpu import passes
 
@@ -38,12 +38,12 @@ def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
         return lax.conv_general_dilated(x, w, strides, padding, *args, **kwargs)
 
     model = models.get_model(model_name, convolution=recording, **options)
-    state = benchmark.sgd_state(model, shapes=True)[1]
+    state = timing.sgd_state(model, shapes=True)[1]
     batch = {"image": jax.ShapeDtypeStruct((batch_size, 28, 28, 1), "float32"),
              "label": jax.ShapeDtypeStruct((batch_size,), "int32"),
              "mask": jax.ShapeDtypeStruct((batch_size,), "float32")}
     tracing[0] = True
-    benchmark.single(model)[0].lower("train", state, jax.eval_shape(step_lib.zero_metrics), batch)
+    timing.single(model)[0].lower("train", state, jax.eval_shape(step_lib.zero_metrics), batch)
     return list(seen.values())
 
 
@@ -55,7 +55,7 @@ def time_passes(layer: tuple, repeats: int, margin: float) -> dict:
     import numpy as np
     from jax import lax
 
-    from experiments.measure.benchmark import median_s
+    from experiments.measure.timing import median_s
     from jax_dp.xla_cpu import conv
     from jax_dp.xla_cpu.passes import FORMULATIONS
 
@@ -114,7 +114,7 @@ def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, 
     """Per round, the model's training step (one device, real batches) with entries in table
     over the step with XLA's convolution for those layers, the two timed in turn."""
     from jax_dp import data, devices, models
-    from experiments.measure.benchmark import time_steps
+    from experiments.measure.timing import time_steps
     from jax_dp.xla_cpu.conv import convolution
 
     split = data.load_fashion_mnist("train", limit=steps * batch_size)

@@ -25,7 +25,7 @@ def main(args) -> None:
     devices.setup_devices(args.devices)
     import numpy as np
 
-    from experiments.measure.benchmark import time_exact
+    from experiments.measure.timing import time_exact
 
     model = models.get_model(args.model, **options)
     split = data.load_fashion_mnist("train", limit=args.steps * args.batch_size)

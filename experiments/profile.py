@@ -20,10 +20,10 @@ def main(args) -> None:
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     cli.use_xla_options(args.model)
     from jax_dp import models
-    from experiments.measure import profile
+    from experiments.measure import op_times
 
     options = {}
-    ours = profile.step_profile(models.get_model(args.model, **options), args.batch_size,
+    ours = op_times.step_profile(models.get_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None
     if args.peer == "torch":
@@ -48,10 +48,10 @@ def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> 
     import numpy as np
 
     from jax_dp import models
-    from experiments.measure import benchmark, profile, torch_peer
+    from experiments.measure import timing, op_times, torch_peer
 
-    compiled, *arguments = benchmark.single_step(models.get_model(model, **options), batch_size)
-    ours, theirs = profile.alternate(lambda: jax.block_until_ready(compiled(*arguments)),
+    compiled, *arguments = timing.single_step(models.get_model(model, **options), batch_size)
+    ours, theirs = op_times.alternate(lambda: jax.block_until_ready(compiled(*arguments)),
                                      torch_peer.step_on_zeros(model, batch_size), pairs)
     return {"jax_s": ours, "torch_s": theirs, "jax_s_median": float(np.median(ours)),
             "torch_s_median": float(np.median(theirs)),

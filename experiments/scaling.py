@@ -25,7 +25,7 @@ DEFAULTS = {"lenet": {"batch_size": 256, "steps": 20}, "resnet18": {"batch_size"
 
 def main(args) -> None:
     """Measure, fit, check the predictions, then draw the profiles' curves."""
-    from experiments.measure import hardware, scaling_model, scaling_report, scaling_runs
+    from experiments.measure import hardware, cost_model, cost_report, step_costs
     from jax_dp import devices, models
 
     profiles = hardware.load_profiles(args.profiles)
@@ -46,17 +46,17 @@ def main(args) -> None:
         raise ValueError(f"--batch-size {batch} must split evenly over every --devices and "
                          "--processes count")
     grad = models.param_bytes(args.model)
-    sizes = scaling_runs.message_sizes(grad, args.sizes)
-    measured = scaling_runs.measure(args.model, batch, steps, repeats, sizes, args.devices,
+    sizes = step_costs.message_sizes(grad, args.sizes)
+    measured = step_costs.measure(args.model, batch, steps, repeats, sizes, args.devices,
                                     args.processes, cpus)
-    result = scaling_model.analyse(args.model, batch, grad, measured, len(cpus), profiles,
-                                   scaling_runs.shapes(scaling_model.BOOK))
+    result = cost_model.analyse(args.model, batch, grad, measured, len(cpus), profiles,
+                                   step_costs.shapes(cost_model.BOOK))
     result.update(command="python -m " + " ".join([__spec__.name] + sys.argv[1:]), steps=steps,
-                  repeats=repeats, cpu=scaling_runs.cpu_name(), cores=len(cpus))
-    print(scaling_report.markdown(result))
+                  repeats=repeats, cpu=step_costs.cpu_name(), cores=len(cpus))
+    print(cost_report.markdown(result))
     cli.write_json(args.json, result)
     if args.plot:
-        scaling_report.plot(result, args.plot)
+        cost_report.plot(result, args.plot)
 
 
 def parser():
@@ -76,7 +76,7 @@ def parser():
                    help="timed runs; figures are their medians")
     p.add_argument("--sizes", type=cli.at_least(2), default=6,
                    help="all-reduce message sizes, 4 KB to the gradients'")
-    p.add_argument("--profiles", type=Path, default=HERE / "hardware.json",
+    p.add_argument("--profiles", type=Path, default=HERE / "measure" / "hardware.json",
                    help="hardware profiles (JSON) to draw speedup curves for")
     p.add_argument("--json", type=Path, help="write every measurement and prediction here")
     p.add_argument("--plot", type=Path,

@@ -23,20 +23,21 @@ KINDS = ("train", "calls", "evaluate")
 
 class Program:
     """steps (pure, per shard) wrapped for backend: state placed on its devices, each kind of
-    step compiled once per shape of its data, and run.
+    step compiled once per shape of its data, and run; a training step donates the state it
+    is given unless donate is False (to call it again on the same state).
 
     A step called before it is compiled ahead (`compile`) runs through the backend's own
     wrapper (jax.pmap, jax.jit), which compiles it on first use.
     """
 
-    def __init__(self, backend: Backend, steps: Steps):
+    def __init__(self, backend: Backend, steps: Steps, donate: bool = True):
         self.backend = backend.for_steps(steps)
         self.steps = steps
         self.pad_to = steps.pad_to or len(backend.devices)  # Rows a global batch is padded to.
-        compile = self.backend.compile
-        # The state is donated: a step's inputs become its outputs' buffers.
-        self.wrapped = {"train": compile(steps.train_step, donate_argnums=(0,)),
-                        "calls": compile(feeds.scanned(steps.train_step), donate_argnums=(0,))}
+        compile, donated = self.backend.compile, (0,) if donate else ()
+        # A donated state's buffers become the step's outputs: the state passed in is gone.
+        self.wrapped = {"train": compile(steps.train_step, donate_argnums=donated),
+                        "calls": compile(feeds.scanned(steps.train_step), donate_argnums=donated)}
         if steps.eval_step is not None:
             self.wrapped["evaluate"] = compile(steps.eval_step)
         self.compiled: dict[tuple, Callable] = {}  # (kind, data's shapes) -> compiled step.
@@ -92,15 +93,17 @@ class Program:
 
 
 def build(model: Model, tx: optax.GradientTransformation, backend: str,
-          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum") -> Program:
+          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum",
+          donate: bool = True) -> Program:
     """The book's steps on backend over devices, gradients summed by scheme (allreduce.py); or,
     with exact, the exact mode's (jax_dp.exact)."""
     placed = make_backend(backend, devices)
     if exact:
         from jax_dp.exact import steps as exact_steps
 
-        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name))
-    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme)))
+        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name), donate)
+    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme)),
+                   donate)
 
 
 def _shapes(data: Any) -> tuple:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp import program, step as step_lib
 from jax_dp.devices import get_devices
 
@@ -34,9 +34,9 @@ def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_optio
     # even for float64, so float32 and float64 runs share the init's compiled random ops.
     with jax.enable_x64(False):
         init = step_lib.init_state(model, tx, jax.random.key(0))
-    init = jax.device_get(parity.cast(init, dtype))
+    init = jax.device_get(divergence.cast(init, dtype))
     # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
-    state, metrics = b.replicate(init), b.replicate(parity.cast(step_lib.zero_metrics(), dtype))
+    state, metrics = b.replicate(init), b.replicate(divergence.cast(step_lib.zero_metrics(), dtype))
     for batch in batches:
         state, metrics = steps.train(state, metrics, b.shard(batch))
     return state, b.unreplicate(state), b.unreplicate(metrics)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_dp import allreduce, data, models, parallel, train
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
@@ -31,7 +31,7 @@ def lenet_reference():
 def test_every_backend_trains_lenet_like_one_device(lenet_reference, backend, k):
     _, got, metrics = run_steps(LENET, backend, k, random_batches(4, 32), lr=0.3)
     # As in test_train: float32 sums re-associated k ways, ~1e-7 of each update.
-    assert parity.max_rel_diff(got.params, lenet_reference.params) <= 1e-6
+    assert divergence.max_rel_diff(got.params, lenet_reference.params) <= 1e-6
     assert metrics["count"] == 4 * 32
 
 
@@ -54,8 +54,8 @@ def test_every_backend_keeps_batchnorm_statistics_global(resnet_reference, backe
     with jax.enable_x64(True):  # float64: exactness, not float32 sensitivity (test_resnet).
         _, got, _ = run_steps(TINY_RESNET, backend, 4,
                               random_batches(2, 8, 8, np.float64), lr=0.1, dtype=jnp.float64)
-    assert parity.max_rel_diff(got.params, resnet_reference.params) <= 1e-9
-    assert parity.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9
+    assert divergence.max_rel_diff(got.params, resnet_reference.params) <= 1e-9
+    assert divergence.max_rel_diff(got.model_state, resnet_reference.model_state) <= 1e-9
 
 
 def test_training_learns_fashion_mnist_and_reports_its_true_accuracy(fashion_train_6k, fashion_test):
@@ -96,7 +96,7 @@ def test_every_backend_trains_and_reports_the_accuracy_of_its_final_params(backe
                         log=lambda _: None) for b, k in (("single", 1), (backend, 4))]
     assert [e["train_loss"] for e in runs[1]["epochs"]] == pytest.approx(
         [e["train_loss"] for e in runs[0]["epochs"]], rel=1e-5)
-    assert parity.max_rel_diff(runs[1]["state"].params, runs[0]["state"].params) <= 1e-6
+    assert divergence.max_rel_diff(runs[1]["state"].params, runs[0]["state"].params) <= 1e-6
     assert_is_numpys_accuracy(runs[1]["epochs"][-1]["test_acc"], runs[1]["state"].params, split)
 
 

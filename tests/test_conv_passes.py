@@ -64,13 +64,13 @@ def test_an_empty_entry_removes_its_layer_and_nothing_else():
 def test_step_ratios_time_the_step_with_the_entries_over_without(monkeypatch):
     """The second of each round's pair is timed with the entries in the table, the first
     without them; the table itself is left as it was."""
-    from experiments.measure import benchmark
+    from experiments.measure import timing
     from jax_dp.xla_cpu import conv
 
     seen, built, original = [], [], conv.convolution
     monkeypatch.setattr(conv, "convolution", lambda grads, platform, table: (
         built.append(table.get("cpu", {})), original(grads, platform, table))[1])
-    monkeypatch.setattr(benchmark, "time_steps", lambda *a, **k: (
+    monkeypatch.setattr(timing, "time_steps", lambda *a, **k: (
         seen.append(built[-1]), {"step_s": [2.0 if len(seen) % 2 else 1.0]})[1])
     key = "13x13x20 5x5x20x50 s1x1 p0,0x0,0"
     table = {"cpu": {"other": {"dx": "taps"}}}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from experiments.launch import cause, free_port, launch
-from experiments.measure import parity
+from experiments.measure import divergence
 from helpers import latest_checkpoint
 
 FLAGS = ["--devices", "4", "--train-examples", "640", "--test-examples", "200", "--epochs", "2",
@@ -53,7 +53,7 @@ def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path):
         step_two, two_state = final_state(tmp_path / backend)
         assert step_two == step_one == 2 * 10
         # The same per-device work; only the cross-process sum (gloo) adds in another order.
-        assert parity.max_rel_diff(two_state, one_state) <= 1e-6
+        assert divergence.max_rel_diff(two_state, one_state) <= 1e-6
 
 
 def test_a_resnet_as_two_processes_trains_like_one_process(tmp_path):
@@ -76,7 +76,7 @@ def test_a_resnet_as_two_processes_trains_like_one_process(tmp_path):
     assert step_two == step_one == 2
     # Each process holds one of the 2 devices: every sum across them has two terms, which
     # IEEE addition adds to the same bits in either order.
-    assert parity.max_rel_diff(two_state, one_state) == 0
+    assert divergence.max_rel_diff(two_state, one_state) == 0
 
 
 @pytest.mark.parametrize("failure, code", [("sys.exit(3)", 3),

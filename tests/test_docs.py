@@ -2,7 +2,6 @@
 
 import importlib
 import re
-import shlex
 import sys
 from pathlib import Path
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import gpu_check
-from experiments.measure import benchmark
+from experiments.measure import timing
 from jax_dp import data
 from jax_dp.devices import get_devices
 
@@ -49,7 +49,7 @@ def test_the_exact_modes_cost_is_the_median_of_each_pairs_ratio(monkeypatch):
     def time_steps(model, backend, devices, batches, repeats, exact):
         modes.append(exact)
         return {"step_s": [next(times)]}
-    monkeypatch.setattr(benchmark, "time_steps", time_steps)
+    monkeypatch.setattr(timing, "time_steps", time_steps)
     split = data.Split(np.zeros((16, 28, 28, 1), np.float32), np.zeros(16, np.int32))
     cost = gpu_check.exact_cost({"lenet_batch": 8, "exact_steps": 2, "exact_pairs": 3}, split,
                                 get_devices(1)[0])

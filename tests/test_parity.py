@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp import data, models
 from jax_dp.models.lenet import conv2d, init_lenet, lenet
 
@@ -17,19 +17,19 @@ from helpers import random_batches
 def test_max_rel_diff_is_the_relative_inf_norm_over_all_leaves():
     reference = {"a": np.array([1.0, -4.0]), "b": np.array([2.0])}
     tree = {"a": np.array([1.0, -3.0]), "b": np.array([2.5])}
-    assert parity.max_rel_diff(tree, reference) == 1.0 / 4.0
-    assert parity.rel_l2_diff(tree, reference) == pytest.approx(np.sqrt(1.25 / 21.0), rel=1e-15)
-    assert parity.max_rel_diff(reference, reference) == parity.rel_l2_diff(reference, reference) == 0.0
+    assert divergence.max_rel_diff(tree, reference) == 1.0 / 4.0
+    assert divergence.rel_l2_diff(tree, reference) == pytest.approx(np.sqrt(1.25 / 21.0), rel=1e-15)
+    assert divergence.max_rel_diff(reference, reference) == divergence.rel_l2_diff(reference, reference) == 0.0
 
 
 def test_max_rel_diff_refuses_trees_of_another_structure():
     with pytest.raises(ValueError, match="trees differ in structure: 1 vs 2 leaves"):
-        parity.max_rel_diff({"a": np.zeros(2)}, {"a": np.zeros(2), "b": np.zeros(1)})
+        divergence.max_rel_diff({"a": np.zeros(2)}, {"a": np.zeros(2), "b": np.zeros(1)})
 
 
 def test_compare_steps_every_config_in_lockstep_against_the_single_device_step():
-    configs = [parity.Config("pmap", 1), parity.Config("pmap", 2), parity.Config("jit", 4)]
-    result = parity.compare(models.get_model("lenet"), random_batches(3, 16), configs, lr=0.2)
+    configs = [divergence.Config("pmap", 1), divergence.Config("pmap", 2), divergence.Config("jit", 4)]
+    result = divergence.compare(models.get_model("lenet"), random_batches(3, 16), configs, lr=0.2)
     reference, *runs = result["runs"]
     assert result["reference"] == reference["backend"] == "single"
     assert "max_rel_diff" not in reference and len(reference["losses"]) == 3
@@ -65,8 +65,8 @@ def test_softplus_replaces_every_relu():
 def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train_6k):
     batches = list(data.batches(data.Split(fashion_train_6k.images[:20 * 256],
                                            fashion_train_6k.labels[:20 * 256]), 256))
-    result = parity.compare(models.get_model("lenet", activation="softplus"), batches,
-                            [parity.Config("pmap", 8)], lr=0.2)
+    result = divergence.compare(models.get_model("lenet", activation="softplus"), batches,
+                            [divergence.Config("pmap", 8)], lr=0.2)
     assert max(result["runs"][1]["per_step_max_rel_diff"]) <= 1e-6
 
 
@@ -74,7 +74,7 @@ def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fa
     """On the narrow ResNet (ResNet-18's code; tests/test_resnet.py checks ResNet-18 itself)."""
     head = data.Split(fashion_train_6k.images[:16], fashion_train_6k.labels[:16])
     batch = next(data.batches(head, 16))
-    result = parity.compare(models.get_model("tests.tiny_resnet", activation="softplus"), [batch],
-                            [parity.Config("pmap", k) for k in (2, 8)], lr=0.1)
+    result = divergence.compare(models.get_model("tests.tiny_resnet", activation="softplus"), [batch],
+                            [divergence.Config("pmap", k) for k in (2, 8)], lr=0.1)
     # Params and BatchNorm statistics; sums over 16 x 28 x 28 values in k parts.
     assert [r["max_rel_diff"] <= 1e-6 for r in result["runs"][1:]] == [True] * 2

@@ -15,11 +15,11 @@ import pytest
 from jax_dp import models
 from jax_dp.xla_cpu import passes as passes_lib
 from jax_dp.xla_cpu.conv import convolution
-from experiments.measure import benchmark, profile
+from experiments.measure import timing, op_times
 
 
 def compiled_step_hlo(model, batch_size):
-    return benchmark.single_step(model, batch_size)[0].as_text()
+    return timing.single_step(model, batch_size)[0].as_text()
 
 
 def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
@@ -27,7 +27,7 @@ def test_lenets_five_convolutions_are_found_with_their_kinds_and_shapes():
     second one's dX (the first's input needs none) and both dWs (with XLA's convolution for
     every pass: no table)."""
     lenet = models.get_model("lenet", conv="xla", convolution=convolution("canonical", "cpu", {}))
-    convs = profile.convolutions(compiled_step_hlo(lenet, 6))
+    convs = op_times.convolutions(compiled_step_hlo(lenet, 6))
     found = sorted((c["kind"], c["lhs"], c["rhs"], c["out"]) for c in convs)
     assert found == sorted([
         ("conv forward", (6, 28, 28, 1), (3, 3, 1, 20), (6, 26, 26, 20)),
@@ -41,7 +41,7 @@ def test_resnets_strided_convolutions_are_rebuilt_with_their_windows():
     """The narrow ResNet (ResNet-18's code, two one-block stages): 6 convolutions (stem, 4 in
     blocks, 1 shortcut), 5 dX (not the stem's), 9 dW (the 3x3 stride-2 one takes one per phase
     of the stride, 4); each rebuilt alone from its parsed window gives the step's output shape."""
-    convs = profile.convolutions(compiled_step_hlo(models.get_model("tests.tiny_resnet"), 2))
+    convs = op_times.convolutions(compiled_step_hlo(models.get_model("tests.tiny_resnet"), 2))
     assert Counter(c["kind"] for c in convs) == {"conv forward": 6, "conv dX": 5, "conv dW": 9}
     assert {c["strides"] for c in convs if c["kind"] == "conv forward"} == {(1, 1), (2, 2)}
     for conv in convs:
@@ -113,7 +113,7 @@ def test_the_profile_cli_refuses_pairs_it_cannot_time(flags, error):
 
 def test_alternate_takes_the_two_in_turns_after_a_warm_up_of_each():
     calls = []
-    first, second = profile.alternate(lambda: calls.append("a"), lambda: calls.append("b"), 3)
+    first, second = op_times.alternate(lambda: calls.append("a"), lambda: calls.append("b"), 3)
     assert calls == ["a", "b"] * 4 and len(first) == len(second) == 3
     assert all(t >= 0 for t in first + second)
 
@@ -121,8 +121,8 @@ def test_alternate_takes_the_two_in_turns_after_a_warm_up_of_each():
 def test_overlapping_events_are_counted_once():
     """An op's parallel pieces on two threads overlap: [0, 10) and [5, 12) cover 12 ns, not 17;
     a later piece [20, 25) adds 5."""
-    assert profile._covered_ns([(5, 12), (0, 10), (20, 25), (21, 22)]) == 17
-    assert profile._covered_ns([]) == 0
+    assert op_times._covered_ns([(5, 12), (0, 10), (20, 25), (21, 22)]) == 17
+    assert op_times._covered_ns([]) == 0
 
 
 def test_in_step_finds_the_ops_of_the_compiled_step_by_their_hlo_names():
@@ -130,8 +130,8 @@ def test_in_step_finds_the_ops_of_the_compiled_step_by_their_hlo_names():
     fusion XLA puts them in), each with a time; how long each takes is not checked."""
     x = jnp.ones((1024, 1024))
     compiled = jax.jit(lambda a: jnp.tanh(a @ a) + 1).lower(x).compile()
-    ops, step_ms = profile.in_step(compiled, (x,), repeats=3)
-    assert len(ops) >= 2 and set(ops) <= set(profile._NAME.findall(compiled.as_text()))
+    ops, step_ms = op_times.in_step(compiled, (x,), repeats=3)
+    assert len(ops) >= 2 and set(ops) <= set(op_times._NAME.findall(compiled.as_text()))
     assert all(np.isfinite(ms) and ms >= 0 for ms in ops.values())
     assert np.isfinite(step_ms) and step_ms > 0
 
@@ -147,10 +147,10 @@ def test_each_ops_events_count_once_per_step():
     planes = [SimpleNamespace(lines=[line(("fusion.1", 0, 10), ("ThunkExecutor", 0, 500)),
                                      line(("fusion.1", 5, 7), ("dot.2", 100, 300))]),
               SimpleNamespace(lines=[line(("fusion.1", 20, 5))])]
-    assert profile.op_ms(planes, {"fusion.1", "dot.2", "tanh.3"}, steps=2) == pytest.approx(
+    assert op_times.op_ms(planes, {"fusion.1", "dot.2", "tanh.3"}, steps=2) == pytest.approx(
         {"fusion.1": 8.5e-6, "dot.2": 150e-6})
 
 
 def test_ops_are_grouped_by_kind():
-    assert profile.group("transpose_copy_fusion.12") == "transpose_copy_fusion"
-    assert profile.group("dot") == "dot"
+    assert op_times.group("transpose_copy_fusion.12") == "transpose_copy_fusion"
+    assert op_times.group("dot") == "dot"

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from helpers import torch_sgd_step
 
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp import data, models, parallel, program, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
@@ -162,8 +162,8 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
     batch, tx = batch_of(16, 0), optax.sgd(0.3)
     state = step_lib.init_state(LENET, tx, jax.random.key(0))
     with jax.enable_x64(True):
-        state = parity.cast(state, jnp.float64)
-        b64 = parity.cast(batch, jnp.float64)
+        state = divergence.cast(state, jnp.float64)
+        b64 = divergence.cast(batch, jnp.float64)
         runs = {}
         for name in ("pmap", "fake_pmap"):
             with chex.fake_pmap(enable_patching=name == "fake_pmap"):
@@ -173,7 +173,7 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
                 # The vmap, jitted: one compilation instead of one per operation.
                 step = steps.train if name == "pmap" else jax.jit(steps.train)
                 out, _ = step(b.replicate(state), b.replicate(
-                    parity.cast(step_lib.zero_metrics(), jnp.float64)), b.shard(b64))
+                    divergence.cast(step_lib.zero_metrics(), jnp.float64)), b.shard(b64))
                 runs[name] = b.unreplicate(out).params
     want = torch_sgd_step(state.params, batch, lr=0.3)
     for name, params in runs.items():

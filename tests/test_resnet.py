@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp import data, models, program, step as step_lib, train
 from jax_dp.devices import get_devices
 from jax_dp.models.resnet import BatchNorm
@@ -93,7 +93,7 @@ def test_resnet18_uses_those_defaults_in_its_stem():
     code, narrow: its width changes no BatchNorm setting)."""
     variables = jax.jit(TINY.init)(jax.random.key(0))  # One program, not an op at a time.
     with jax.enable_x64(True):
-        params, state = parity.cast(variables, jnp.float64)
+        params, state = divergence.cast(variables, jnp.float64)
         x = jnp.asarray(np.random.default_rng(1).random((4, 28, 28, 1)))
         apply = jax.jit(functools.partial(TINY.apply, train=True, axis_name=None))
         _, new_state = apply(params, state, x, jnp.ones(4))
@@ -107,7 +107,7 @@ def test_resnet18_uses_those_defaults_in_its_stem():
 def assert_each_leaf_close(tree, reference, rel):
     """Every leaf's max |difference| is at most rel times that leaf's max |value|."""
     for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(reference)):
-        assert parity.max_rel_diff(a, b) <= rel
+        assert divergence.max_rel_diff(a, b) <= rel
 
 
 def test_one_step_on_one_pmapped_device_is_bitwise_the_single_device_step():
@@ -225,7 +225,7 @@ def test_the_resnet_and_its_gradients_equal_an_independent_pytorch_resnet_in_flo
     params = jax.tree.map(lambda a: np.asarray(a) + rng.normal(0, 0.3, a.shape), params)
     x, y = rng.random((6, 28, 28, 1)), rng.integers(0, 10, 6)
     with jax.enable_x64(True):
-        params64, state64 = parity.cast((params, state), jnp.float64)
+        params64, state64 = divergence.cast((params, state), jnp.float64)
 
         def loss(p):
             logits, _ = TINY.apply(p, state64, jnp.asarray(x), jnp.ones(6), train=True,

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments.measure import parity
+from experiments.measure import divergence
 from jax_dp import checkpoint, data, dispatch, models, program, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.config import PLACEMENT, RunOptions, TrainConfig
@@ -48,7 +48,7 @@ def test_uneven_batches_on_k_devices_equal_one_device_on_exactly_those_examples(
     assert m_k["count"] == m_1["count"] == n
     # Padded rows add exact zeros; only the order of the float32 sums differs.
     for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(want.params)):
-        assert parity.max_rel_diff(a, b) <= 1e-6
+        assert divergence.max_rel_diff(a, b) <= 1e-6
 
 
 # K - 1 rows leave the last device none and the others one each; 3K + 1 leave three or four.
@@ -60,13 +60,13 @@ def test_batchnorm_statistics_ignore_padded_rows(n):
     # In float64: with 5 examples of 8x8 pixels, the last stage's BatchNorm normalises few
     # values, which magnifies float32 round-off past any useful bound; float64's leaves ~1e-12.
     with jax.enable_x64(True):
-        _, got, _ = run_steps(resnet, "pmap", K, [parity.cast(padded, jnp.float64)], lr=0.1,
+        _, got, _ = run_steps(resnet, "pmap", K, [divergence.cast(padded, jnp.float64)], lr=0.1,
                               dtype=jnp.float64)
-        _, want, _ = run_steps(resnet, "single", 1, [parity.cast(exact, jnp.float64)], lr=0.1,
+        _, want, _ = run_steps(resnet, "single", 1, [divergence.cast(exact, jnp.float64)], lr=0.1,
                                dtype=jnp.float64)
     for a, b in zip(jax.tree.leaves((got.params, got.model_state)),
                     jax.tree.leaves((want.params, want.model_state))):
-        assert parity.max_rel_diff(a, b) <= 1e-9
+        assert divergence.max_rel_diff(a, b) <= 1e-9
 
 
 @pytest.mark.parametrize("k,bn", [(2, "local"), (4, "local"), (2, "sync")])

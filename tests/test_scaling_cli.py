@@ -12,14 +12,14 @@ import pytest
 
 from helpers import forked_commands
 
-from experiments.measure import hardware, scaling_model, scaling_report, scaling_runs
-from experiments.measure.scaling_model import Link
+from experiments.measure import hardware, cost_model, cost_report, step_costs
+from experiments.measure.cost_model import Link
 from jax_dp import models
 from jax_dp.devices import get_devices
 
 QUICK = ["--model", "lenet", "--devices", "2", "--processes", "2", "--batch-size", "64",
          "--steps", "2", "--repeats", "1", "--sizes", "2"]
-HARDWARE = Path(__file__).parents[1] / "experiments" / "hardware.json"
+HARDWARE = Path(__file__).parents[1] / "experiments" / "measure" / "hardware.json"
 
 
 def scaling_cli(*flags):
@@ -54,7 +54,7 @@ SHAPES = {"lenet": {"flops_per_image": 1e9, "grad_bytes": 1_000_000},
 
 def analysed():
     """The model over the parts above: LeNet, global batch 64, 40 kB of gradients, 2 cores."""
-    return scaling_model.analyse("lenet", 64, 40_000, MEASURED, 2, {"toy": TOY}, SHAPES)
+    return cost_model.analyse("lenet", 64, 40_000, MEASURED, 2, {"toy": TOY}, SHAPES)
 
 
 def test_each_config_is_predicted_from_its_measured_parts():
@@ -81,9 +81,9 @@ def test_each_config_is_predicted_from_its_measured_parts():
 
 def test_the_fitted_parts_are_the_hand_written_ones():
     r = analysed()
-    assert {c: scaling_model.Line(**line) for c, line in r["lines"].items()} == {
-        "1": pytest.approx(scaling_model.Line(2e-3, 1e-4)),
-        "2": pytest.approx(scaling_model.Line(1e-3, 5e-5))}
+    assert {c: cost_model.Line(**line) for c, line in r["lines"].items()} == {
+        "1": pytest.approx(cost_model.Line(2e-3, 1e-4)),
+        "2": pytest.approx(cost_model.Line(1e-3, 5e-5))}
     links = {(t, s): Link(**link) for t, by in r["links"].items() for s, link in by.items()}
     assert links == {("in-process", "psum"): pytest.approx(Link(10e-6, 1e-9)),
                      ("in-process", "ring"): pytest.approx(Link(20e-6, 2e-9)),
@@ -111,7 +111,7 @@ def test_a_profiles_curves_and_crossovers_by_hand():
 
 
 def test_the_report_shows_the_checks_fits_and_crossovers():
-    text = scaling_report.markdown({**analysed(), "cores": 2, "cpu": "a test CPU"})
+    text = cost_report.markdown({**analysed(), "cores": 2, "cpu": "a test CPU"})
     for row in ["lenet, global batch 64, gradients 0.04 MB, 2 cores (a test CPU)",
                 "| 1 process(es) x 1 device(s) | 0.0042 | 0.0000 | 0.0005 | 0.0047 | 0.0047 "
                 "| 0.0050 | -6% |",
@@ -158,17 +158,17 @@ def test_a_quick_run_measures_every_part_and_reports_the_model_over_them(tmp_pat
     assert all(s["flops_per_image"] > 0 for s in r["shapes"].values())
     # The model, tables and figure are those of exactly these measurements.
     profiles = hardware.load_profiles(HARDWARE)
-    again = scaling_model.analyse("lenet", 64, r["grad_bytes"], measured, r["cores"], profiles,
+    again = cost_model.analyse("lenet", 64, r["grad_bytes"], measured, r["cores"], profiles,
                                   r["shapes"])
     assert json.loads(json.dumps(again)) == {k: r[k] for k in again}
-    assert scaling_report.markdown({**again, "cores": r["cores"], "cpu": r["cpu"]}) in proc.stdout
+    assert cost_report.markdown({**again, "cores": r["cores"], "cpu": r["cpu"]}) in proc.stdout
 
 
 def test_one_device_is_measured_with_no_all_reduce():
     """What a 1x1 worker measures, in this process: its fixed cost and step, no all-reduce and
     no all-reduced array (the quick run measures 2 devices)."""
     spec = {"steps": 2, "batch_size": 64, "repeats": 1, "sizes": [4096]}
-    m = scaling_runs.measure_devices(spec, models.get_model("lenet"), get_devices(1))
+    m = step_costs.measure_devices(spec, models.get_model("lenet"), get_devices(1))
     assert m["allreduce"] == [] and m["arrays"] == 0
     assert all(math.isfinite(m[k]) and m[k] > 0 for k in ("fixed_s", "step_s"))
 

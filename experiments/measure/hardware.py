@@ -1,4 +1,4 @@
-"""Hardware profiles as data (experiments/hardware.json): what the cost model needs of a machine."""
+"""Hardware profiles as data (experiments/measure/hardware.json): what the cost model needs of a machine."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from experiments.measure import scaling_model
-from experiments.measure.scaling_model import Link
+from experiments.measure import cost_model
+from experiments.measure.cost_model import Link
 from jax_dp.errors import ParamError
 
 FIELDS = ("name", "tflops", "efficiency", "fixed_s", "devices_per_node", "intra", "inter")
@@ -31,9 +31,9 @@ class Hardware(NamedTuple):
              overlap: bool = False) -> Callable[[float, int], float]:
         """step(per-device batch, k): predicted seconds of one data-parallel step."""
         def seconds(b: float, k: int) -> float:
-            comm = scaling_model.allreduce_s(self.link(k), scheme, grad_bytes, k)
+            comm = cost_model.allreduce_s(self.link(k), scheme, grad_bytes, k)
             compute = flops_per_image * b / self.flops
-            return scaling_model.step_s(compute, comm, self.fixed_s, overlap)
+            return cost_model.step_s(compute, comm, self.fixed_s, overlap)
         return seconds
 
 
@@ -43,7 +43,7 @@ def load_profiles(path: str | Path) -> dict[str, Hardware]:
         profiles = json.loads(Path(path).read_text())["profiles"]
     except FileNotFoundError:
         raise ParamError("profiles", f"{{}} file {str(path)!r} does not exist: pass a hardware "
-                         "JSON such as experiments/hardware.json") from None
+                         "JSON such as experiments/measure/hardware.json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ParamError("profiles", f"{{}} file {str(path)!r} is not valid JSON ({e})") from None
     except (KeyError, TypeError):

@@ -123,7 +123,7 @@ def _conv_bwd(strides, pads, grads, formulations, residuals, g):
         return jax.vjp(lambda x, w: lax.conv_general_dilated(
             x, w, strides, pads, dimension_numbers=CANONICAL), x, w)[1](g)
     sizes, kernel = x.shape[1:3], w.shape[:2]
-    with jax.named_scope("conv_dx"):  # Names a profile's ops (experiments.measure.profile).
+    with jax.named_scope("conv_dx"):  # Names a profile's ops (experiments.measure.op_times).
         dx = DX[formulations[1]](g, w, sizes, strides, pads)
     with jax.named_scope("conv_dw"):
         dw = DW[formulations[2]](x, g, kernel, strides, pads)

@@ -41,16 +41,17 @@ def matmul_ceiling(n: int = 2048, repeats: int = 7) -> float:
     return 2 * n**3 / median_s(lambda: a @ b, repeats) / 1e9
 
 
-def single(model: Model, lr: float = 0.1) -> tuple[program_lib.Program, optax.GradientTransformation]:
+def single(model: Model, lr: float = 0.1, donate: bool = True) -> tuple[program_lib.Program,
+                                                                      optax.GradientTransformation]:
     """The single-device program of model's SGD steps at lr (no collectives), and its SGD."""
     tx = optax.sgd(lr)
-    return program_lib.build(model, tx, "single", jax.devices()[:1]), tx
+    return program_lib.build(model, tx, "single", jax.devices()[:1], donate=donate), tx
 
 
 def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple:
     """One single-device SGD step compiled for batch_size zero images, and its arguments:
-    (compiled step, state, metrics, batch); the step donates the state it is given."""
-    program, tx = single(model)
+    (compiled step, state, metrics, batch), to call as often as wanted (nothing donated)."""
+    program, tx = single(model, donate=False)
     state, metrics = program.place(sgd_state(model)[1])
     batch = program.shard(data.zero_batch(batch_size, image_shape))
     return program.compile("train", state, metrics, batch), state, metrics, batch

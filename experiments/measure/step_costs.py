@@ -1,6 +1,6 @@
 """The scaling experiment's measurements, each in fresh processes pinned to their cores.
 
-A worker is `python -m experiments.measure.scaling_runs SPEC`: SPEC (JSON) says what to time
+A worker is `python -m experiments.measure.step_costs SPEC`: SPEC (JSON) says what to time
 ("kind": compute, devices or processes), on which cores, and the file to write its JSON to
 ("out"); spawn starts one (several processes: wired by experiments.launch) and reads it back.
 """
@@ -54,10 +54,10 @@ def message_sizes(grad_bytes: int, count: int) -> list[int]:
 
 def shapes(names) -> dict:
     """Each named model's FLOPs per image of a training step (XLA's count) and gradient bytes."""
-    from experiments.measure import benchmark
+    from experiments.measure import timing
     from jax_dp import models
 
-    return {name: {"flops_per_image": benchmark.step_flops(models.get_model(name), 64) / 64,
+    return {name: {"flops_per_image": timing.step_flops(models.get_model(name), 64) / 64,
                    "grad_bytes": models.param_bytes(name)} for name in names}
 
 
@@ -97,7 +97,7 @@ def worker(spec: dict) -> None:
     cpus = spec["cpus"][rank] if spec["kind"] == "processes" else spec["cpus"]
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
     cli.use_xla_options(spec["model"], show=False)
-    from experiments.measure import benchmark
+    from experiments.measure import timing
     from jax_dp import devices, distributed, models
 
     devices.simulate_cpu_devices(spec.get("local", 1))
@@ -105,7 +105,7 @@ def worker(spec: dict) -> None:
         distributed.initialize()
     model = models.get_model(spec["model"])
     if spec["kind"] == "compute":
-        result = {str(b): benchmark.time_compute(model, b, spec["steps"], spec["repeats"])
+        result = {str(b): timing.time_compute(model, b, spec["steps"], spec["repeats"])
                   for b in spec["batches"]}
     else:
         result = measure_devices(spec, model, devices.get_devices(spec["k"]))
@@ -117,19 +117,19 @@ def measure_devices(spec: dict, model, devs) -> dict:
     """All-reduce times by scheme and size, the fixed cost and real step times on devs."""
     import numpy as np
 
-    from experiments.measure import benchmark
+    from experiments.measure import timing
     from jax_dp import data
 
     several = len(devs) > 1
-    allreduces = [{"scheme": s, "bytes": n, "seconds": benchmark.time_allreduce(s, n // 4, devs)}
+    allreduces = [{"scheme": s, "bytes": n, "seconds": timing.time_allreduce(s, n // 4, devs)}
                   for s in ALLREDUCES for n in spec["sizes"]] if several else []
     split = data.load_fashion_mnist("train", limit=spec["steps"] * spec["batch_size"])
-    timed = benchmark.time_steps(model, "pmap", devs,
+    timed = timing.time_steps(model, "pmap", devs,
                                  list(data.batches(split, spec["batch_size"])), spec["repeats"])
     return {"allreduce": allreduces,
-            "fixed_s": benchmark.time_fixed(model, devs, spec["batch_size"]),
+            "fixed_s": timing.time_fixed(model, devs, spec["batch_size"]),
             "step_s": float(np.median(timed["step_s"])),
-            "arrays": benchmark.allreduced_arrays(model, devs, spec["batch_size"]) if several
+            "arrays": timing.allreduced_arrays(model, devs, spec["batch_size"]) if several
             else 0}
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from experiments.measure import plots, scaling_model
-from experiments.measure.scaling_model import BOOK, CURVE_DEVICES
+from experiments.measure import plots, cost_model
+from experiments.measure.cost_model import BOOK, CURVE_DEVICES
 
 
 def markdown(r: dict) -> str:
@@ -59,22 +59,22 @@ def plot(result: dict, path: Path) -> None:
     compute, allreduce, checks, book = axes[0]
     for cores, times in result["measured"]["compute"].items():
         b = sorted(int(x) for x in times)
-        line = scaling_model.Line(**result["lines"][str(cores)])
+        line = cost_model.Line(**result["lines"][str(cores)])
         compute.plot(b, [times[str(x)] for x in b], "o",
                      label=f"{cores} core(s), measured")
         compute.plot(b, [line(x) for x in b], "-", color=compute.lines[-1].get_color(), label="fit")
     compute.set(xlabel="per-device batch", ylabel="s per step", title="(a) compute, one device")
     compute.legend(fontsize="small")
     for name, m in result["measured"]["configs"].items():
-        transport, _, k = scaling_model.layout(name)
+        transport, _, k = cost_model.layout(name)
         for scheme in ("psum", "ring", "star"):
             points = sorted((a["bytes"], a["seconds"]) for a in m["allreduce"]
                             if a["scheme"] == scheme)
             if not points:
                 continue
-            link = scaling_model.Link(**result["links"][transport][scheme])
+            link = cost_model.Link(**result["links"][transport][scheme])
             allreduce.loglog(*zip(*points), "o", ms=4, label=f"{scheme}, {transport}, k={k}")
-            fitted = [max(scaling_model.allreduce_s(link, scheme, n, k), 1e-7) for n, _ in points]
+            fitted = [max(cost_model.allreduce_s(link, scheme, n, k), 1e-7) for n, _ in points]
             allreduce.loglog([n for n, _ in points], fitted, "-",
                              color=allreduce.lines[-1].get_color())
     allreduce.set(xlabel="message bytes", ylabel="s per all-reduce",

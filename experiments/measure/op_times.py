@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from experiments.measure import benchmark
+from experiments.measure import timing
 from jax_dp.models.model import Model
 
 # Kinds of work, in the order tables list them; "rest" is the step less its convolutions.
@@ -60,7 +60,7 @@ def _median_ms(fn: Callable, *args, repeats: int) -> float:
     """Median milliseconds of fn(*args) after one untimed call."""
     run = lambda: jax.block_until_ready(fn(*args))
     run()
-    return 1e3 * benchmark.median_s(run, repeats)
+    return 1e3 * timing.median_s(run, repeats)
 
 
 def alternate(first: Callable[[], Any], second: Callable[[], Any],
@@ -93,7 +93,7 @@ def step_profile(model: Model, batch_size: int, repeats: int = 5) -> dict:
     """A single-device SGD step on batch_size images, and each of its convolutions, timed
     alone: {"step_ms", "convs": [{..., "ms", "gflops"}, ...], "by_kind": {KINDS: ms},
     "traced_ms" (the step under the profiler), "in_step": {kind of op: ms}}."""
-    compiled, *arguments = benchmark.single_step(model, batch_size)
+    compiled, *arguments = timing.single_step(model, batch_size)
     step_ms = _median_ms(compiled, *arguments, repeats=repeats)
     convs = convolutions(compiled.as_text())
     for conv in convs:
