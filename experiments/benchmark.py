@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process
 from jax_dp.config import SIZES
 
 # How each model's convolutions can be written (its model options).
@@ -77,8 +77,8 @@ def main(args) -> None:
 
     from experiments.measure import timing
 
-    cli.check_writable(args.json)
-    cli.check_writable(args.plot, plot=True)
+    outputs.check_writable(args.json)
+    outputs.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
     devices = args.devices or cli.comma_list(int, "counts")(d["devices"])
     steps, batch_size = args.steps or d["steps"], args.batch_size or d["batch_size"]
@@ -116,7 +116,7 @@ def main(args) -> None:
             row["time_vs_peer"] = step_s / float(np.median(peer["step_s"]))
     result = {**base, "matmul_ceiling_gflops": ceiling, "flops_per_step": flops, "runs": rows}
     print(table(result))
-    cli.write_json(args.json, result)
+    outputs.write_json(args.json, result)
     if args.plot:
         from experiments.measure import plots
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process
 
 # The book's models' batch and lr here; any other model: GENERIC.
 DEFAULTS = {"lenet": {"batch_size": 256, "lr": 0.2}, "resnet18": {"batch_size": 16, "lr": 0.1}}
@@ -24,8 +24,8 @@ def main(args) -> None:
     from jax_dp.config import MICRO_BATCHES, check_exact
     from experiments.measure import divergence
 
-    cli.check_writable(args.json)
-    cli.check_writable(args.plot, plot=True)
+    outputs.check_writable(args.json)
+    outputs.check_writable(args.plot, plot=True)
     defaults = DEFAULTS.get(args.model, GENERIC)
     options = models.model_options(args.model, cli.model_options(args))
     batch_size = args.batch_size or defaults["batch_size"]
@@ -54,7 +54,7 @@ def main(args) -> None:
     result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,
                   steps=args.steps, dtype=dtype, exact=args.exact)
     print(table(result))
-    cli.write_json(args.json, result)
+    outputs.write_json(args.json, result)
     if args.plot:
         from experiments.measure import plots
 

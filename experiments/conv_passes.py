@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, process, xla_options
 
 
 def layers(model_name: str, options: dict, batch_size: int) -> list[tuple]:
@@ -152,7 +152,7 @@ def main(args) -> None:
     from jax_dp import models
 
     options = models.model_options(args.model, cli.model_options(args))
-    cli.use_xla_options(args.model)
+    xla_options.use(args.model)
     import jax
 
     from jax_dp.xla_cpu import passes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process, xla_options
 
 
 def main(args) -> None:
@@ -17,11 +17,11 @@ def main(args) -> None:
     from jax_dp import data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
 
-    cli.check_writable(args.json)
+    outputs.check_writable(args.json)
     options = models.model_options(args.model, cli.model_options(args))
     for k in args.devices:
         check_exact("pmap", "psum", k)
-    cli.use_xla_options(args.model)
+    xla_options.use(args.model)
     devices.setup_devices(args.devices)
     import numpy as np
 
@@ -39,7 +39,7 @@ def main(args) -> None:
     result = {"model": args.model, "options": options, "batch_size": args.batch_size,
               "steps": args.steps, "rounds": args.rounds, "rows": rows}
     print(table(result))
-    cli.write_json(args.json, result)
+    outputs.write_json(args.json, result)
 
 
 def table(result: dict) -> str:

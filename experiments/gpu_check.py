@@ -14,7 +14,7 @@ import importlib.metadata
 import platform
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process
 
 FULL = {"lenet_examples": 60_000, "lenet_batch": 256, "calls": (1, 4, 16, 64),
         "resnet": "resnet18", "resnet_batch": 256, "resnet_steps": 20, "compare_steps": 20,
@@ -117,7 +117,7 @@ def peak_memory(device) -> int | None:
 
 def main(args) -> None:
     """Run every part of the check, print its table, write its JSON."""
-    cli.check_writable(args.json)
+    outputs.check_writable(args.json)
     from jax_dp import data, devices as devices_lib
 
     sizes = QUICK if args.quick else FULL
@@ -138,7 +138,7 @@ def main(args) -> None:
     result["exact"] = exact_cost(sizes, train_data, device)
     result["peak_bytes"] = peak_memory(device)
     print(table(result))
-    cli.write_json(args.json, result)
+    outputs.write_json(args.json, result)
 
 
 def table(result: dict) -> str:

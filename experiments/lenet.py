@@ -4,7 +4,7 @@ Run: `python -m experiments.lenet` trains the book's pair (1 device, then 2; bat
 lr 0.2, 4 epochs), printing a line per epoch; both should reach test accuracy 0.75-0.78.
 """
 
-from experiments import cli, process
+from experiments import cli, process, runs
 
 
 def parser():
@@ -14,4 +14,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    process.run(cli.train_runs, parser)
+    process.run(runs.train_runs, parser)

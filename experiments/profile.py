@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process, xla_options
 
 
 def main(args) -> None:
     """Profile both, print the tables, write --json."""
-    cli.check_writable(args.json)
+    outputs.check_writable(args.json)
     if args.pairs and args.peer != "torch":
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
-    cli.use_xla_options(args.model)
+    xla_options.use(args.model)
     from jax_dp import models
     from experiments.measure import op_times
 
@@ -37,7 +37,7 @@ def main(args) -> None:
         print(f"\nthe two steps in turns, {args.pairs} pairs: jax_dp "
               f"{alternated['jax_s_median']:.3f} s, PyTorch {alternated['torch_s_median']:.3f} s, "
               f"ratio {alternated['ratio_median']:.2f}x (median of the pairs' ratios)")
-    cli.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
+    outputs.write_json(args.json, {"model": args.model, "batch_size": args.batch_size,
                                "jax": ours, "torch": peer, "alternated": alternated})
 
 

@@ -5,7 +5,7 @@ lr 0.1, then 2 devices with batch 512 and lr 0.2; 4 epochs). A full epoch takes 
 minutes on a 2-core CPU: try `--train-examples 10000 --epochs 2` first.
 """
 
-from experiments import cli, process
+from experiments import cli, process, runs
 
 
 def parser():
@@ -15,4 +15,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    process.run(cli.train_runs, parser)
+    process.run(runs.train_runs, parser)

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments import cli, process
+from experiments import cli, outputs, process
 
 HERE = Path(__file__).parent
 DEFAULTS = {"lenet": {"batch_size": 256, "steps": 20}, "resnet18": {"batch_size": 64, "steps": 2}}
@@ -29,8 +29,8 @@ def main(args) -> None:
     from jax_dp import devices, models
 
     profiles = hardware.load_profiles(args.profiles)
-    cli.check_writable(args.json)
-    cli.check_writable(args.plot, plot=True)
+    outputs.check_writable(args.json)
+    outputs.check_writable(args.plot, plot=True)
     d = DEFAULTS[args.model]
     batch = args.batch_size or d["batch_size"]
     steps, repeats = args.steps or d["steps"], args.repeats
@@ -54,7 +54,7 @@ def main(args) -> None:
     result.update(command="python -m " + " ".join([__spec__.name] + sys.argv[1:]), steps=steps,
                   repeats=repeats, cpu=step_costs.cpu_name(), cores=len(cpus))
     print(cost_report.markdown(result))
-    cli.write_json(args.json, result)
+    outputs.write_json(args.json, result)
     if args.plot:
         cost_report.plot(result, args.plot)
 

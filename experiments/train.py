@@ -5,7 +5,7 @@ Run: `python -m experiments.train --model lenet --devices 1,2` trains like exper
 flag for each of its options (`--model NAME --help` lists them).
 """
 
-from experiments import cli, process
+from experiments import cli, process, runs
 
 
 def parser():
@@ -16,4 +16,4 @@ def parser():
 
 
 if __name__ == "__main__":
-    process.run(cli.train_runs, parser)
+    process.run(runs.train_runs, parser)

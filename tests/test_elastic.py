@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import cli
+from experiments import runs
 from jax_dp import data, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
@@ -118,9 +118,9 @@ def test_run_folders_are_named_by_global_batch_and_lr(tmp_path):
     and lr are told apart by order; a folder named by device count is nobody's."""
     configs = [TrainConfig(devices=k, batch_size=b, lr=0.2) for k, b in ((1, 64), (2, 64), (4, 32))]
     want = [str(tmp_path / "bs64-lr0.2"), str(tmp_path / "bs64-lr0.2-2"), str(tmp_path / "bs32-lr0.2")]
-    assert cli.run_folders(str(tmp_path), configs) == want
+    assert runs.run_folders(str(tmp_path), configs) == want
     (tmp_path / "2dev-bs64-lr0.2").mkdir()
-    assert cli.run_folders(str(tmp_path), configs) == want
+    assert runs.run_folders(str(tmp_path), configs) == want
 
 
 def test_exact_runs_in_processes_of_other_device_counts_resume_to_the_same_bits(tmp_path):

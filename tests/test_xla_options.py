@@ -6,26 +6,26 @@ import sys
 
 import pytest
 
-from experiments import cli
+from experiments import xla_options
 from jax_dp import models
-from jax_dp.xla_cpu import flags as xla_options
+from jax_dp.xla_cpu import flags as fusion_flags
 from jax_dp.xla_cpu.flags import YNN_FUSION
 
 
-CHOSEN = xla_options.MODEL_FUSIONS
+CHOSEN = fusion_flags.MODEL_FUSIONS
 
 
 @pytest.mark.parametrize("model", sorted(models.MODELS))
 def test_the_chosen_flags_are_set_when_the_user_sets_none(model):
-    assert cli.xla_flags(model, "") == xla_options.FUSIONS[CHOSEN[model]]
+    assert xla_options.flags_for(model, "") == fusion_flags.FUSIONS[CHOSEN[model]]
     assert CHOSEN == {"lenet": "ynn-dots", "resnet18": "ynn-noconv"}  # docs/speed.md's choice.
-    assert cli.xla_flags("tests.tiny_mlp", "") == xla_options.FUSIONS["ynn-default"]
+    assert xla_options.flags_for("tests.tiny_mlp", "") == fusion_flags.FUSIONS["ynn-default"]
 
 
 def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
     user = f"--xla_cpu_use_onednn=true {YNN_FUSION}=individual_convolution"
     for model in ("lenet", "resnet18", "tests.tiny_mlp"):
-        assert xla_options.cpu_flags(model, user).split() == user.split()
+        assert fusion_flags.cpu_flags(model, user).split() == user.split()
 
 
 @pytest.mark.parametrize("user", [f"-{YNN_FUSION.lstrip('-')}=individual_convolution",
@@ -33,23 +33,23 @@ def test_a_users_own_setting_of_a_chosen_flag_wins_and_other_flags_stay():
 def test_the_users_string_is_kept_as_written(user):
     """Catches a merge that re-splits the user's quoted values or misses a single-dash flag."""
     for model in ("lenet", "resnet18", "tests.tiny_mlp"):
-        assert xla_options.cpu_flags(model, user) == user
+        assert fusion_flags.cpu_flags(model, user) == user
 
 
 def test_chosen_flags_come_before_the_users_other_flags(monkeypatch):
     """Catches a choice that drops the user's flags, or is dropped although the user did not set it."""
-    monkeypatch.setitem(xla_options.MODEL_FUSIONS, "lenet", "ynn-dots")
-    assert cli.xla_flags("lenet", "--xla_cpu_use_onednn=true") == \
+    monkeypatch.setitem(fusion_flags.MODEL_FUSIONS, "lenet", "ynn-dots")
+    assert xla_options.flags_for("lenet", "--xla_cpu_use_onednn=true") == \
         f"{YNN_FUSION}=individual_dot --xla_cpu_use_onednn=true"
 
 
 YNN_FUSIONS_IN_LENET_STEP = """
 import functools, sys
 import jax, jax.numpy as jnp, optax
-from experiments import cli
+from experiments import xla_options
 from jax_dp import models, step as step_lib
 if sys.argv[1] == "late":
-    cli.use_xla_options("lenet", show=False)
+    xla_options.use("lenet", show=False)
 model, tx = models.get_model("lenet", conv="xla"), optax.sgd(0.1)
 batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
 step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
@@ -67,7 +67,7 @@ def test_flags_set_after_jax_is_imported_still_reach_xla():
         assert proc.returncode == 0, proc.stderr
         return int(proc.stdout.split()[-1])
 
-    chosen = cli.xla_flags("lenet", "")
+    chosen = xla_options.flags_for("lenet", "")
     assert fusions("late", "") == fusions("early", chosen) != fusions("early", "")
 
 
@@ -79,7 +79,7 @@ def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
                            "--epochs", "1", "--train-examples", "64", "--test-examples", "64",
                            "--batch-size", "64"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    want = cli.xla_flags("lenet", user) or "(none)"
+    want = xla_options.flags_for("lenet", user) or "(none)"
     assert f"XLA_FLAGS: {want}\n" in proc.stdout
 
 
@@ -89,13 +89,13 @@ def test_the_experiment_trains_with_the_flags_it_prints(tmp_path, user):
     ({}, False),  # No GPU plugin in this environment.
 ])
 def test_an_accelerator_is_told_before_jax_starts(environ, accelerator):
-    assert xla_options.accelerator_expected(environ) is accelerator
+    assert fusion_flags.accelerator_expected(environ) is accelerator
 
 
 def test_no_xla_cpu_option_is_set_for_an_accelerator():
     """Catches a CPU-measured fusion set applied on a GPU: only the user's own flags stay."""
     for model in CHOSEN:
-        assert cli.xla_flags(model, " --xla_gpu_autotune_level=0", accelerator=True) == \
+        assert xla_options.flags_for(model, " --xla_gpu_autotune_level=0", accelerator=True) == \
             "--xla_gpu_autotune_level=0"
-        assert cli.xla_flags(model, "", accelerator=True) == ""
-        assert YNN_FUSION in cli.xla_flags(model, "")
+        assert xla_options.flags_for(model, "", accelerator=True) == ""
+        assert YNN_FUSION in xla_options.flags_for(model, "")

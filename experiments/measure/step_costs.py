@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from experiments import cli
+from experiments import xla_options
 from jax_dp.backends import ALLREDUCES
 
 
@@ -96,7 +96,7 @@ def worker(spec: dict) -> None:
     rank = int(os.environ.get("JAX_PROCESS_ID", 0))
     cpus = spec["cpus"][rank] if spec["kind"] == "processes" else spec["cpus"]
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
-    cli.use_xla_options(spec["model"], show=False)
+    xla_options.use(spec["model"], show=False)
     from experiments.measure import timing
     from jax_dp import devices, distributed, models
 
