@@ -29,7 +29,7 @@ def main(args) -> None:
     import numpy as np
     import optax
 
-    from jax_dp import models, parallel, program, step as step_lib
+    from jax_dp import assembly, models, parallel, step as step_lib
     from jax_dp.models.lenet import init_lenet, lenet
 
     devs = devices.get_devices(2)
@@ -63,7 +63,7 @@ def main(args) -> None:
         print(" ", show(shards.addressable_data(i)[0]))
 
     model, tx = models.get_model("lenet"), optax.sgd(0.2)
-    on_two = program.build(model, tx, "pmap", devs)
+    on_two = assembly.build(model, tx, "pmap", devs)
     state, metrics = on_two.place(step_lib.init_state(model, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     global_batch = {"image": rng.random((8, 28, 28, 1), np.float32),

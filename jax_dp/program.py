@@ -6,15 +6,13 @@ times, inspects and compares the step that training runs.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import jax
-import optax
 
-from jax_dp import allreduce, dispatch, feeds
-from jax_dp.backends import Backend, make_backend
-from jax_dp.models.model import Model
-from jax_dp.step import Steps, TrainState, make_steps, zero_metrics
+from jax_dp import dispatch, feeds
+from jax_dp.backends import Backend
+from jax_dp.step import Steps, TrainState, zero_metrics
 
 # What a program runs: one step on a placed batch, several under lax.scan on a placed call
 # (feeds.scanned), or an evaluation step. Each takes (state, metrics, ..., its data last).
@@ -90,20 +88,6 @@ class Program:
         if in_flight is None:
             waiting.drain()
         return state, metrics
-
-
-def build(model: Model, tx: optax.GradientTransformation, backend: str,
-          devices: Sequence[jax.Device], *, exact: bool = False, scheme: str = "psum",
-          donate: bool = True) -> Program:
-    """The book's steps on backend over devices, gradients summed by scheme (allreduce.py); or,
-    with exact, the exact mode's (jax_dp.exact)."""
-    placed = make_backend(backend, devices)
-    if exact:
-        from jax_dp.exact import steps as exact_steps
-
-        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name), donate)
-    return Program(placed, make_steps(model, tx, placed.axis_name, allreduce.for_step(scheme)),
-                   donate)
 
 
 def _shapes(data: Any) -> tuple:

@@ -121,7 +121,7 @@ def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | 
     """The book's steps over axis_name (None: one device, no collectives).
 
     grad_allreduce: how the step sums gradients and metrics (allreduce_flat: one lax.psum;
-    jax_dp.allreduce has the hand-made ones).
+    jax_dp.schemes has the hand-made ones).
     """
     return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name,
                                    grad_allreduce=grad_allreduce),

@@ -9,18 +9,16 @@ from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
-import optax
 import tqdm
 
 from jax_dp import data as data_lib
-from jax_dp import dispatch, distributed, feeds, memory, program as program_lib
+from jax_dp import assembly, dispatch, distributed, feeds, memory
 from jax_dp.backends import Backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.models import auto_choices, get_model, model_options
-from jax_dp.models.precision import computing_in
+from jax_dp.models import model_options
 from jax_dp.program import Program
 from jax_dp.step import TrainState, init_state
 
@@ -84,18 +82,6 @@ def evaluate_accuracy(program: Program, state: TrainState, data: data_lib.Split,
     return totals["correct"] / totals["count"]
 
 
-def optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """SGD at config.lr, reached linearly from 0 over config.warmup_epochs."""
-    warmup_steps = round(config.warmup_epochs * steps_per_epoch(config))
-    return optax.sgd(optax.linear_schedule(0.0, config.lr, warmup_steps) if warmup_steps
-                     else config.lr)
-
-
-def steps_per_epoch(config: TrainConfig) -> int:
-    """Steps in one of config's epochs."""
-    return data_lib.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
-
-
 def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
     """Epoch epoch's order of the training examples, drawn from the run's key."""
     return data_lib.epoch_order(config.train_examples,
@@ -131,13 +117,10 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                                                config.backend))
     steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
     platform = jax.default_backend()
-    chosen = auto_choices(config.options, platform)
-    log(f"config: {config}" + (f" (auto on {platform}: "
-                               + " ".join(f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else ""))
-    model = computing_in(get_model(config.model, platform, **config.options), config.compute_dtype)
-    tx, key = optimizer(config), jax.random.key(config.seed)
-    program = program_lib.build(model, tx, config.backend, get_devices(config.devices),
-                                exact=config.exact, scheme=config.allreduce)
+    log(assembly.described(config, platform))
+    model, tx = assembly.model_for(config, platform), assembly.optimizer(config)
+    program = assembly.program_for(config, model, tx, get_devices(config.devices))
+    key = jax.random.key(config.seed)
     backend = program.backend
     feed = feeds.make_feed(program, train_data, config.batch_size, config.drop_remainder,
                            steps_per_call)
@@ -149,7 +132,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
             state, metrics, position = restored
             log(f"resuming from {run.checkpoint_dir} at epoch {position.epoch + 1}, "
                 f"step {position.step}")
-        per_epoch = steps_per_epoch(config)
+        per_epoch = assembly.steps_per_epoch(config)
         start_time = time.perf_counter()
         compiled = feed.compile(state, metrics, position.step)
         eval_batch = program.shard(data_lib.zero_batch(

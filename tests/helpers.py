@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from experiments.measure import divergence
-from jax_dp import program, step as step_lib
+from jax_dp import assembly, step as step_lib
 from jax_dp.devices import get_devices
 
 
@@ -28,7 +28,7 @@ def random_batches(n_steps, batch_size, size=28, dtype=np.float32, seed=0):
 def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_options):
     """SGD on k devices from seed 0's params (as dtype): placed state, host state, host metrics."""
     tx = optax.sgd(lr)
-    steps = program.build(model, tx, backend, get_devices(k), **step_options)
+    steps = assembly.build(model, tx, backend, get_devices(k), **step_options)
     b = steps.backend
     # On the host, so each backend places (and may donate) its own copy. Made without x64
     # even for float64, so float32 and float64 runs share the init's compiled random ops.

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import allreduce, data, models, parallel, train
+from jax_dp import data, models, parallel, schemes, train
 from experiments.measure import divergence
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
@@ -100,7 +100,7 @@ def test_every_backend_trains_and_reports_the_accuracy_of_its_final_params(backe
     assert_is_numpys_accuracy(runs[1]["epochs"][-1]["test_acc"], runs[1]["state"].params, split)
 
 
-@pytest.mark.parametrize("scheme", sorted(allreduce.ALLREDUCES))
+@pytest.mark.parametrize("scheme", sorted(schemes.BY_NAME))
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
 def test_every_allreduce_gives_every_device_the_exact_sum(scheme, k):
     """Catches a star or ring that adds where it should set, drops a device's share, or
@@ -110,7 +110,7 @@ def test_every_allreduce_gives_every_device_the_exact_sum(scheme, k):
     tree = {"a": rng.normal(size=(k, 1)), "b": rng.normal(size=(k, 7)),
             "c": rng.normal(size=(k, 24)), "d": rng.normal(size=(k, 1003))}
     with jax.enable_x64(True):
-        out = jax.pmap(allreduce.ALLREDUCES[scheme], axis_name=parallel.AXIS,
+        out = jax.pmap(schemes.BY_NAME[scheme], axis_name=parallel.AXIS,
                        devices=get_devices(k))(tree)
     for name, x in tree.items():
         bound = 2 * (k - 1) * np.finfo(np.float64).eps * np.abs(x).sum(0) + 1e-300
@@ -123,7 +123,7 @@ def hlo_bytes_sent(scheme, size, k):
     """Bytes each device sends in the compiled all-reduce: every collective-permute's operand,
     counted for each device that is a source in its source_target_pairs."""
     x = np.ones((k, size), np.float32)
-    step = jax.pmap(allreduce.ALLREDUCES[scheme], axis_name=parallel.AXIS, devices=get_devices(k))
+    step = jax.pmap(schemes.BY_NAME[scheme], axis_name=parallel.AXIS, devices=get_devices(k))
     sent = [0] * k
     for line in step.lower(x).compile().as_text().splitlines():
         match = re.search(r"= f32\[(\d+)\]\S* collective-permute\(.*source_target_pairs=\{(.*?)\}\}", line)

@@ -10,7 +10,7 @@ import optax
 import pytest
 from jax import lax
 
-from jax_dp import models, parallel, program, step as step_lib
+from jax_dp import assembly, models, parallel, program, step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -26,7 +26,7 @@ BATCH_NORM_REDUCES = {"lenet": 0, "tiny_resnet": 10}
 def all_reduce_operands(backend, model):
     """The operand shapes of each all-reduce in the compiled step, for 2 devices."""
     tx = optax.sgd(0.1)
-    steps = program.build(model, tx, backend, get_devices(2))
+    steps = assembly.build(model, tx, backend, get_devices(2))
     b = steps.backend
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, program, step as step_lib
+from jax_dp import assembly, data, models, step as step_lib
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
@@ -31,7 +31,7 @@ def batches(fashion_train_6k):
 def run(model, batches, k, compute_dtype):
     """10 SGD steps with momentum: the state and the mean loss over the steps."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = program.build(computing_in(model, compute_dtype), tx, "pmap", get_devices(k))
+    steps = assembly.build(computing_in(model, compute_dtype), tx, "pmap", get_devices(k))
     b = steps.backend
     state, metrics = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
@@ -78,7 +78,7 @@ def test_the_model_computes_in_bfloat16_and_the_loss_in_float32():
 def test_gradients_are_summed_over_devices_in_float32(name):
     """Catches a gradient all-reduce in bfloat16: every all-reduce of the step is float32."""
     model, tx = MODELS[name], optax.sgd(0.1)
-    steps = program.build(computing_in(model, "bfloat16"), tx, "shard_map", get_devices(2))
+    steps = assembly.build(computing_in(model, "bfloat16"), tx, "shard_map", get_devices(2))
     b = steps.backend
     state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import runs
-from jax_dp import data, train
+from jax_dp import assembly, data, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
 from helpers import forked_commands, latest_checkpoint
@@ -40,7 +40,7 @@ def in_segments(config: TrainConfig, split: data.Split, directory: Path, devices
     """config run in len(devices) parts, part i on devices[i] devices under backends[i], each
     stopped one step after the last and resumed from its checkpoint by the next."""
     options = RunOptions(checkpoint_dir=str(directory), resume=True, steps_per_call=1)
-    per_epoch = train.steps_per_epoch(config)
+    per_epoch = assembly.steps_per_epoch(config)
     for i, (k, backend) in enumerate(zip(devices, backends)):
         part = dataclasses.replace(config, devices=k, backend=backend)
         last, lines = i == len(devices) - 1, []

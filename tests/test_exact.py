@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, program, step as step_lib, train
+from jax_dp import assembly, data, models, step as step_lib, train
 from jax_dp.exact import micro
 from jax_dp.config import MICRO_BATCHES, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
@@ -44,7 +44,7 @@ def exact_run(backend, k, batches, model=LENET, lr=0.1):
     """SGD steps with momentum (an optimizer state to compare): the state, and each step's
     metrics (a running sum would round a last-bit difference of one step away)."""
     tx = optax.sgd(lr, momentum=0.9)
-    steps = program.build(model, tx, backend, get_devices(k), exact=True)
+    steps = assembly.build(model, tx, backend, get_devices(k), exact=True)
     b = steps.backend
     state, per_step = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), []
     for batch in batches:
@@ -93,7 +93,7 @@ def test_a_resnet_on_k_devices_gives_one_devices_bits_after_5_steps(five_batches
 def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
     """The comparison can fail: psum's sums on 8 devices move the bits."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = program.build(LENET, tx, "pmap", get_devices(8))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(8))
     b = steps.backend
     state, metrics = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
@@ -129,7 +129,7 @@ def test_per_device_batch_statistics_are_refused():
     """bn local: each device's statistics are of its own shard, so they follow k."""
     with pytest.raises(ParamError, match="exact needs a model with batch statistics to run each "
                                          "layer on micro-batches"):
-        program.build(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
+        assembly.build(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
                                "pmap", get_devices(2), exact=True)
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from helpers import torch_sgd_step
 
 from experiments.measure import divergence
-from jax_dp import data, models, parallel, program, step as step_lib, train
+from jax_dp import assembly, data, models, parallel, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
@@ -97,7 +97,7 @@ def last_gradient():
 
 @functools.lru_cache(maxsize=None)
 def pmap_steps(k):
-    return program.build(LENET, last_gradient(), "pmap", get_devices(k))
+    return assembly.build(LENET, last_gradient(), "pmap", get_devices(k))
 
 
 @jax.jit
@@ -133,7 +133,7 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
     perm = np.random.default_rng(seed + 1).permutation(k * per_device)
     shuffled = {name: v[perm] for name, v in b.items()}
     tx = optax.sgd(lr)
-    steps = program.build(LENET, tx, "pmap", get_devices(k))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
     state = step_lib.init_state(LENET, tx, jax.random.key(seed))
     after = [steps.backend.unreplicate(steps.train(
         steps.backend.replicate(state), steps.backend.replicate(step_lib.zero_metrics()),
@@ -148,7 +148,7 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
 
 def run(k, batches, lr=0.3):
     tx = optax.sgd(lr)
-    steps = program.build(LENET, tx, "pmap", get_devices(k))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
     state = steps.backend.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
     metrics = steps.backend.replicate(step_lib.zero_metrics())
     for batch in batches:
@@ -167,7 +167,7 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
         runs = {}
         for name in ("pmap", "fake_pmap"):
             with chex.fake_pmap(enable_patching=name == "fake_pmap"):
-                steps = program.build(LENET, tx, "pmap", get_devices(k))
+                steps = assembly.build(LENET, tx, "pmap", get_devices(k))
                 assert hasattr(steps.wrapped["train"], "lower") == (name == "pmap")  # vmap, not pmap.
                 b = steps.backend
                 # The vmap, jitted: one compilation instead of one per operation.
@@ -235,7 +235,7 @@ def test_evaluation_counts_every_example_for_any_batch_size(k, n, batch_size, la
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]  # Always predicts `label`.
     tx = optax.sgd(0.1)
-    steps = program.build(LENET, tx, "pmap", get_devices(k))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
     totals = train.evaluate(steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params))),
                             split, batch_size)
     assert totals["count"] == n and totals["correct"] == np.sum(labels == label)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from experiments.measure import divergence
-from jax_dp import data, models, program, step as step_lib, train
+from jax_dp import assembly, data, models, step as step_lib, train
 from jax_dp.devices import get_devices
 from jax_dp.models.resnet import BatchNorm
 
@@ -164,7 +164,7 @@ def test_local_batchnorm_statistics_differ_between_replicas():
 
 def test_evaluation_is_deterministic_and_counts_every_example():
     tx = optax.sgd(0.1)
-    steps = program.build(TINY, tx, "pmap", get_devices(4))
+    steps = assembly.build(TINY, tx, "pmap", get_devices(4))
     state = steps.backend.replicate(step_lib.init_state(TINY, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((13, 8, 8, 1), np.float32), rng.integers(0, 10, 13).astype(np.int32))

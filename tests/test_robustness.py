@@ -17,7 +17,7 @@ import optax
 import pytest
 
 from experiments.measure import divergence
-from jax_dp import checkpoint, data, dispatch, models, program, step as step_lib, train
+from jax_dp import assembly, checkpoint, data, dispatch, models, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.config import PLACEMENT, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
@@ -161,7 +161,7 @@ def test_the_step_leaves_the_state_alone_once_it_is_not_finite():
     batch = padded_and_exact(8, 2)[0]
     batch["image"][0, 0, 0, 0] = np.nan
     tx = optax.sgd(0.1)
-    steps = program.build(LENET, tx, "pmap", get_devices(2))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(2))
     b = steps.backend
     state0 = step_lib.init_state(LENET, tx, jax.random.key(0))
     state, metrics = steps.train(b.replicate(state0), b.replicate(step_lib.zero_metrics()), b.shard(batch))

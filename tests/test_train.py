@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import data, models, program, step as step_lib, train
+from jax_dp import assembly, data, models, step as step_lib, train
 from jax_dp.models.lenet import lenet
 from jax_dp.models.model import Model
 from jax_dp.config import RunOptions, TrainConfig
@@ -59,7 +59,7 @@ def constant_prediction_state(k, label):
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]
     tx = optax.sgd(0.1)
-    steps = program.build(LENET, tx, "pmap", get_devices(k))
+    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
     return steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params)))
 
 
@@ -128,7 +128,7 @@ def test_the_warmup_schedule_rises_linearly_over_its_steps_then_holds():
     """Catches a warmup that starts late or early, or never ends: the lr of each step, read
     from the update of a unit gradient, is lr * t / (warmup_epochs * steps per epoch)."""
     config = TrainConfig(lr=0.4, warmup_epochs=0.5, batch_size=100, train_examples=1000)
-    tx = train.optimizer(config)  # 10 steps an epoch: 5 of warmup.
+    tx = assembly.optimizer(config)  # 10 steps an epoch: 5 of warmup.
     params = {"w": np.zeros(1, np.float32)}
     state, lrs = tx.init(params), []
     for _ in range(8):
@@ -144,7 +144,7 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
                         lambda params, state, x, mask, *, train, axis_name: (
                             jax.numpy.zeros((x.shape[0], 10)).at[:, 0].set(1.0) + params["b"],
                             state))
-    steps = program.build(zero, optax.sgd(0.1), "pmap", get_devices(4))
+    steps = assembly.build(zero, optax.sgd(0.1), "pmap", get_devices(4))
     state = steps.backend.replicate(step_lib.init_state(zero, optax.sgd(0.1), jax.random.key(0)))
     labels = np.array([0, 1, 0, 2, 3, 0, 4, 5, 6, 7, 8, 9, 1], np.int32)
     split = data.Split(np.zeros((13, 28, 28, 1), np.float32), labels)

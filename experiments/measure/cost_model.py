@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from jax_dp.allreduce import bytes_sent
+from jax_dp.schemes import bytes_sent
 from jax_dp.backends import ALLREDUCES
 from jax_dp.config import SIZES
 from jax_dp.devices import check_count

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_dp import program as program_lib, step as step_lib
+from jax_dp import assembly, step as step_lib
 from jax_dp.devices import get_devices
 from jax_dp.models.model import Model
 
@@ -77,7 +77,7 @@ class _Runner:
 
     def __init__(self, model, tx, config, init, example_batch, dtype, exact):
         self.config = config
-        self.program = program_lib.build(model, tx, config.backend, get_devices(config.devices),
+        self.program = assembly.build(model, tx, config.backend, get_devices(config.devices),
                                          exact=exact)
         self.state, metrics = self.program.place(init)
         start = time.perf_counter()

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import optax
 
-from jax_dp import data, feeds, program as program_lib, step as step_lib
-from jax_dp.allreduce import get_allreduce
+from jax_dp import assembly, data, feeds, program as program_lib, step as step_lib
+from jax_dp.schemes import get_allreduce
 from jax_dp.backends import make_backend
 from jax_dp.models.model import Model
 
@@ -45,7 +45,7 @@ def single(model: Model, lr: float = 0.1, donate: bool = True) -> tuple[program_
                                                                       optax.GradientTransformation]:
     """The single-device program of model's SGD steps at lr (no collectives), and its SGD."""
     tx = optax.sgd(lr)
-    return program_lib.build(model, tx, "single", jax.devices()[:1], donate=donate), tx
+    return assembly.build(model, tx, "single", jax.devices()[:1], donate=donate), tx
 
 
 def single_step(model: Model, batch_size: int, image_shape=(28, 28, 1)) -> tuple:
@@ -78,7 +78,7 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     exact: the exact mode's step (jax_dp.exact; batches padded to its micro-batches).
     """
     tx, state = sgd_state(model, lr)
-    program = program_lib.build(model, tx, backend, devices, exact=exact)
+    program = assembly.build(model, tx, backend, devices, exact=exact)
     state, metrics = program.place(state)
     placed = [program.shard(batch) for batch in batches]
     start = time.perf_counter()
@@ -124,7 +124,7 @@ def time_compute(model: Model, batch_size: int, steps: int = 4, repeats: int = 3
 
 def time_allreduce(scheme: str, floats: int, devices: Sequence[jax.Device], repeats: int = 5,
                    calls: int = 5) -> float:
-    """Seconds per all-reduce (allreduce.ALLREDUCES[scheme]) of floats float32 numbers held by
+    """Seconds per all-reduce (schemes.BY_NAME[scheme]) of floats float32 numbers held by
     every one of devices (several processes' included), each call waited for."""
     backend = make_backend("pmap", devices)
     reduce = backend.compile(get_allreduce(scheme, "pmap"))
@@ -160,7 +160,7 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     compiled HLO (XLA combines the gradients into one tuple all-reduce; gloo sums each array
     as a collective of its own)."""
     tx, state = sgd_state(model)
-    program = program_lib.build(model, tx, "pmap", devices)
+    program = assembly.build(model, tx, "pmap", devices)
     batch = program.shard(data.zero_batch(batch_size))
     text = program.compile("train", *program.place(state), batch).as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]

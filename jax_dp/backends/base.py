@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 # pmap is the book's; single, one device with no collectives, is the reference.
 BACKENDS = ("pmap", "shard_map", "jit", "single")
-# How gradients are summed: lax.psum, or jax_dp.allreduce's hand-made star and ring.
+# How gradients are summed: lax.psum, or jax_dp.schemes' hand-made star and ring.
 ALLREDUCES = ("psum", "star", "ring")
 
 

@@ -1,4 +1,5 @@
-"""Allreduce by hand with lax.ppermute: the book's star, and the ring its exercise asks for."""
+"""The all-reduce schemes by name: lax.psum, and by hand with lax.ppermute the book's star and
+the ring its exercise asks for."""
 
 from __future__ import annotations
 
@@ -48,13 +49,13 @@ def ring_allreduce(tree: Any, axis_name: str = AXIS) -> Any:
     return unravel(chunks.reshape(-1)[:flat.size])
 
 
-ALLREDUCES: dict[str, Callable] = {"psum": allreduce, "star": star_allreduce, "ring": ring_allreduce}
+BY_NAME: dict[str, Callable] = {"psum": allreduce, "star": star_allreduce, "ring": ring_allreduce}
 
 
 def get_allreduce(name: str, backend: str) -> Callable:
     """The all-reduce called name (backends.check_allreduce: the hand-made ones need pmap)."""
     check_allreduce(name, backend)
-    return ALLREDUCES[name]
+    return BY_NAME[name]
 
 
 def for_step(name: str) -> Callable:
@@ -63,7 +64,7 @@ def for_step(name: str) -> Callable:
     metrics by psum."""
     if name == "psum":
         return allreduce_flat
-    return lambda tree, axis_name: (ALLREDUCES[name](tree[0], axis_name),
+    return lambda tree, axis_name: (BY_NAME[name](tree[0], axis_name),
                                     allreduce(tree[1], axis_name))
 
 

@@ -1,0 +1,63 @@
+"""A run's choices made into what runs it: the model (the platform's convolution, its compute
+dtype), the optimizer, and the program (the backend, the book's steps or the exact mode's, the
+all-reduce). The loop and the tools get them here, so none of them names a choice."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import optax
+
+from jax_dp import data, schemes
+from jax_dp.backends import make_backend
+from jax_dp.config import TrainConfig
+from jax_dp.exact import steps as exact_steps
+from jax_dp.models import auto_choices, get_model
+from jax_dp.models.model import Model
+from jax_dp.models.precision import computing_in
+from jax_dp.program import Program
+from jax_dp.step import make_steps
+
+
+def model_for(config: TrainConfig, platform: str) -> Model:
+    """config's model with its options, built for platform, computing in config.compute_dtype."""
+    return computing_in(get_model(config.model, platform, **config.options), config.compute_dtype)
+
+
+def described(config: TrainConfig, platform: str) -> str:
+    """The run's config line, with what its 'auto' options stand for on platform."""
+    chosen = auto_choices(config.options, platform)
+    return f"config: {config}" + (f" (auto on {platform}: " + " ".join(
+        f"{k}={v}" for k, v in chosen.items()) + ")" if chosen else "")
+
+
+def optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """SGD at config.lr, reached linearly from 0 over config.warmup_epochs."""
+    warmup_steps = round(config.warmup_epochs * steps_per_epoch(config))
+    return optax.sgd(optax.linear_schedule(0.0, config.lr, warmup_steps) if warmup_steps
+                     else config.lr)
+
+
+def steps_per_epoch(config: TrainConfig) -> int:
+    """Steps in one of config's epochs."""
+    return data.num_batches(config.train_examples, config.batch_size, config.drop_remainder)
+
+
+def program_for(config: TrainConfig, model: Model, tx: optax.GradientTransformation,
+                devices: Sequence[jax.Device]) -> Program:
+    """config's program for model and tx over devices."""
+    return build(model, tx, config.backend, devices, exact=config.exact,
+                 allreduce=config.allreduce)
+
+
+def build(model: Model, tx: optax.GradientTransformation, backend: str,
+          devices: Sequence[jax.Device], *, exact: bool = False, allreduce: str = "psum",
+          donate: bool = True) -> Program:
+    """The book's steps on backend over devices, gradients summed by the all-reduce called allreduce (schemes.py); or,
+    with exact, the exact mode's (jax_dp.exact)."""
+    placed = make_backend(backend, devices)
+    if exact:
+        return Program(placed, exact_steps.make_steps(model, tx, placed.axis_name), donate)
+    return Program(placed, make_steps(model, tx, placed.axis_name, schemes.for_step(allreduce)),
+                   donate)
