@@ -109,7 +109,7 @@ class Steps(NamedTuple):
     """A model's pure steps for one shard, each taking (state, metrics, batch), for a Program to
     compile: every global batch is padded to a multiple of `pad_to` rows (None: the device
     count); `typed`: whether shard_map types the collectives' results (off for a step that
-    knows its own, the exact mode's)."""
+    knows its own)."""
     train_step: Callable
     eval_step: Callable | None = None
     pad_to: int | None = None

@@ -162,6 +162,7 @@ def allreduced_arrays(model: Model, devices: Sequence[jax.Device], batch_size: i
     tx, state = sgd_state(model)
     program = assembly.build(model, tx, "pmap", devices)
     batch = program.shard(data.zero_batch(batch_size))
-    text = program.compile("train", *program.place(state), batch).as_text()
+    # Lowered and compiled here: a multi-process pmap program keeps its wrapper, not the executable.
+    text = program.lower("train", *program.place(state), batch).compile().as_text()
     results = [m.group(1) for m in re.finditer(r"= (.*?) all-reduce(?:-start)?\(", text)]
     return sum(len(re.findall(r"\b[a-z]+\d*\[", r)) for r in results)
