@@ -37,11 +37,12 @@ def lenet(*flags, processes=None):
 
 
 def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path):
-    """pmap and jit, 2 processes x 2 devices, against 1 process x 4 devices (pmap)."""
+    """jit, 2 processes x 2 devices, against 1 process x 4 devices (pmap); pmap across processes
+    is the ResNet's test below and the exact run's further down."""
     one = lenet("--checkpoint-dir", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     step_one, one_state = final_state(tmp_path / "one")
-    for backend in ("pmap", "jit"):
+    for backend in ("jit",):
         # The two processes also run 3 steps per call: each gathers its rows from its own copy.
         two = lenet("--backend", backend, "--checkpoint-dir", str(tmp_path / backend),
                     "--json", str(tmp_path / f"{backend}.json"), "--steps-per-call", "3",
@@ -257,8 +258,8 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 
 def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(tmp_path):
-    """The exact mode, 5 epochs of 10 steps: 2 processes x 1 device, then 1 x 2, then 1 x 1,
-    then 2 x 1 again until process 1 is SIGKILLed mid-epoch 4, then 1 x 1 to the end: the
+    """The exact mode, 4 epochs of 10 steps: 2 processes x 1 device, then 1 x 2, then 2 x 1
+    again until process 1 is SIGKILLed mid-epoch 3, then 1 x 1 to the end: the
     uninterrupted run's params, optimizer state and history, bit for bit. The lost process ends
     the run within 30 s in one line naming it and the newest checkpoint, exit code 3."""
     flags = ["--exact", "--devices", "1", "--train-examples", "640", "--test-examples", "200",
@@ -277,20 +278,20 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
         return [{k: v for k, v in e.items() if k != "time_s"}
                 for e in json.loads((tmp_path / "runs.json").read_text())["runs"][0]["epochs"]]
 
-    whole = subprocess.run(part(5, 1, None, "--checkpoint-dir", str(tmp_path / "whole")),
+    whole = subprocess.run(part(4, 1, None, "--checkpoint-dir", str(tmp_path / "whole")),
                            capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr
     want = history(), final_state(tmp_path / "whole")
-    for epochs, devices, processes in ((1, 2, 2), (2, 2, None), (3, 1, None)):
+    for epochs, devices, processes in ((1, 2, 2), (2, 2, None)):
         proc = subprocess.run(part(epochs, devices, processes), capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, proc.stderr
         assert len(history()) == epochs and (epochs == 1 or "resuming from" in proc.stdout)
-    launcher = subprocess.Popen(part(5, 2, 2, "--checkpoint-every", "1", "--steps-per-call", "1"),
+    launcher = subprocess.Popen(part(4, 2, 2, "--checkpoint-every", "1", "--steps-per-call", "1"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     victim = rank_pid(launcher, 1)
     ckpt = tmp_path / "ckpt" / "bs64-lr0.2"
-    while not any(p.name.isdigit() and int(p.name) > 32 for p in ckpt.iterdir()):
+    while not any(p.name.isdigit() and int(p.name) > 22 for p in ckpt.iterdir()):
         assert launcher.poll() is None, launcher.communicate()
         time.sleep(0.02)
     os.kill(victim, signal.SIGKILL)
@@ -308,12 +309,12 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
     assert lost.startswith("python -m experiments.lenet: error: process 1 of the run was lost (")
     assert lost.endswith(f"the newest checkpoint is step {step} in {ckpt}: resume with --resume "
                          "on the processes that remain")
-    assert 32 < step < 50
-    rest = subprocess.run(part(5, 1), capture_output=True, text=True, timeout=600)
+    assert 22 < step < 40
+    rest = subprocess.run(part(4, 1), capture_output=True, text=True, timeout=600)
     assert rest.returncode == 0 and "resuming from" in rest.stdout, rest.stderr
     assert history() == want[0]
     got = final_state(tmp_path / "ckpt")
-    assert got[0] == want[1][0] == 50
+    assert got[0] == want[1][0] == 40
     assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
                for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1][1])))
 

@@ -21,7 +21,7 @@ LENET = models.get_model("lenet")
 EPS = np.finfo(np.float32).eps
 ks = st.sampled_from([1, 2, 4, 8])
 seeds = st.integers(0, 2**16)
-few = settings(max_examples=5, deadline=None, derandomize=True)
+few = settings(max_examples=3, deadline=None, derandomize=True)
 
 
 def batch_of(n, seed):
