@@ -49,9 +49,9 @@ def train_runs(args) -> None:
                           start=lambda: distributed.initialize(
                               args.coordinator, args.num_processes, args.process_id,
                               bind=args.coordinator_bind, timeout_s=args.start_timeout,
-                              heartbeat_s=args.heartbeat_timeout))
+                              heartbeat_s=args.heartbeat_timeout)
+                          and distributed.check_same(runs_configs, options, args.start_timeout))
     primary = distributed.is_primary()
-    distributed.check_same(runs_configs)
     if args.resume and args.checkpoint_dir:
         checkpoint.check_resumable(args.checkpoint_dir, runs_configs)
     train_data, test_data = load_data(args)

@@ -11,7 +11,6 @@ import time
 from typing import Callable
 
 import jax
-import numpy as np
 
 from jax_dp.config import LONGEST_S, check_seconds
 from jax_dp.errors import ParamError
@@ -151,21 +150,28 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def check_same(configs: list) -> None:
+def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     """Refuse, in one line naming the flags and processes, a multi-process run whose processes
-    were given other configs (each would apply its own lr to the same summed gradients, or
-    their collectives would not match). Every process's configs, as JSON in a buffer of one
-    fixed size, are gathered before any of training's collectives: this one has the same shape
-    in every process, whatever its config."""
-    if jax.process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
+    were given other configs or run options (each would apply its own lr to the same summed
+    gradients, or their collectives would not match). Compared right after joining, before
+    JAX's backend starts: processes that disagree on their devices cannot start it together."""
+    from jax._src import distributed as runtime  # Its key-value store: no public API in JAX 0.10.
 
-    text = json.dumps(agreed(configs), sort_keys=True).encode()
-    buffer = np.zeros(_CONFIG_BYTES, np.uint8)
-    buffer[:len(text)] = np.frombuffer(text[:_CONFIG_BYTES], np.uint8)
-    gathered = np.asarray(multihost_utils.process_allgather(buffer))
-    check_agree([json.loads(bytes(row).rstrip(b"\0")) for row in gathered])
+    state = runtime.global_state
+    if state.client is None or state.num_processes == 1:
+        return
+    state.client.key_value_set(f"jax_dp/agreed/{state.process_id}",
+                               json.dumps(agreed(configs, run), sort_keys=True))
+    runs = [json.loads(state.client.blocking_key_value_get(f"jax_dp/agreed/{i}",
+                                                           int(timeout_s * 1000)))
+            for i in range(state.num_processes)]
+    try:
+        check_agree(runs)
+    except ParamError:
+        # Every process leaves the runtime together (shutdown is a barrier): otherwise process
+        # 0's exit takes its coordinator away and JAX aborts a peer before it says why.
+        jax.distributed.shutdown()
+        raise
 
 
 def check_agree(runs: list[list[dict]]) -> None:
@@ -180,12 +186,15 @@ def check_agree(runs: list[list[dict]]) -> None:
                 + ": start every process with the same flags"))
 
 
-_CONFIG_BYTES = 1 << 14  # A run's configs as JSON take well under 1 KB each.
+# The run options every process must share: when saves (each a collective) and calls fall.
+AGREED_OPTIONS = ("checkpoint_every", "steps_per_call")
 
 
-def agreed(configs: list) -> list[dict]:
-    """What the processes of a run must agree on: every field of every run's config."""
-    return [c.fields() for c in configs]
+def agreed(configs: list, run=None) -> list[dict]:
+    """What the processes of a run must agree on: every field of every run's config, and the
+    run options that decide where its collectives fall (AGREED_OPTIONS of run, a RunOptions)."""
+    options = {name: getattr(run, name) for name in AGREED_OPTIONS} if run is not None else {}
+    return [{**c.fields(), **options} for c in configs]
 
 
 def _differences(ours: list[dict], theirs: list[dict]) -> tuple[list[str], list[tuple]]:

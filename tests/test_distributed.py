@@ -191,12 +191,19 @@ def test_the_coordinator_listens_on_loopback_only_and_a_signal_ends_the_wait():
     assert proc.returncode == 143 and err == "python -m experiments.lenet: interrupted (SIGTERM)\n"
 
 
-@pytest.mark.parametrize("flag, values", [("--lr", ("0.2", "0.9")), ("--batch-size", ("64", "128"))])
-def test_processes_started_with_other_flags_are_refused_naming_them(flag, values):
-    """Different lrs trained to the end on the same summed gradients (a silently corrupted run);
-    different batch sizes aborted in gloo or hung. Both processes now end in one line."""
+@pytest.mark.parametrize("flag, flags, values", [
+    ("--devices", (["--devices", "2"], ["--devices", "4"]), ("2", "4")),
+    ("--exact", ([], ["--exact"]), ("False", "True")),
+    ("--checkpoint-every", (["--checkpoint-every", "5"], ["--checkpoint-every", "7"]), ("5", "7")),
+    ("--steps-per-call", (["--steps-per-call", "1"], ["--steps-per-call", "3"]), ("1", "3"))])
+def test_processes_started_with_other_flags_are_refused_naming_them(flag, flags, values, tmp_path):
+    """Other device counts or --exact failed as `cannot reshape array of size 9 into shape
+    (2,1)`; another --checkpoint-every or --steps-per-call desynchronised the collectives until
+    the step timeout. Both processes now end in one line, before JAX's backend starts (every
+    other field: test_processes_that_differ_in_any_field_are_refused_naming_it)."""
     port = free_port()
-    procs = [subprocess.Popen(rank(r, port, flag, values[r], timeout="60"), stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(rank(r, port, *flags[r], "--checkpoint-dir", str(tmp_path / str(r)),
+                              timeout="60"), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     try:
         errs = [p.communicate(timeout=120)[1] for p in procs]
@@ -340,6 +347,21 @@ def test_processes_that_differ_in_any_field_are_refused_naming_it(field):
                                          rf"{field} .* on process 1:"):
         distributed.check_agree([distributed.agreed([ours]), distributed.agreed([theirs])])
     distributed.check_agree([distributed.agreed([ours])] * 2)
+
+
+@pytest.mark.parametrize("option", ["checkpoint_every", "steps_per_call"])
+def test_processes_that_differ_in_a_run_option_that_places_collectives_are_refused(option):
+    """Catches an option left out: saves and calls are collectives every process must reach."""
+    from jax_dp import distributed
+    from jax_dp.config import RunOptions, TrainConfig
+    from jax_dp.errors import ParamError
+
+    ours, theirs = RunOptions(checkpoint_dir="runs"), RunOptions(checkpoint_dir="runs", **{option: 7})
+    configs = [TrainConfig()]
+    with pytest.raises(ParamError, match=rf"^processes disagree: {option} .* on process 0, "
+                                         rf"{option} 7 on process 1:"):
+        distributed.check_agree([distributed.agreed(configs, ours), distributed.agreed(configs, theirs)])
+    assert distributed.AGREED_OPTIONS == ("checkpoint_every", "steps_per_call")
 
 
 def test_every_field_has_a_value_to_disagree_on():
