@@ -24,7 +24,7 @@ def load_data(args):
 
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
-    from jax_dp import checkpoint, devices, distributed, models, train  # JAX starts later.
+    from jax_dp import checkpoint, devices, distributed, train  # JAX starts later.
     from jax_dp.config import LONGEST_S, MICRO_BATCHES, RunOptions, check_seconds
 
     # Checked here, not only when a multi-process run starts: the flags are wrong either way.
@@ -42,9 +42,8 @@ def train_runs(args) -> None:
                          resume=args.resume, step_timeout=args.step_timeout,
                          steps_per_call=args.steps_per_call, progress=args.progress)
     xla_options.use(args.model, primary)
-    size = models.model_bytes(args.model, **runs_configs[0].options)
     exact = any(c.exact for c in runs_configs)  # The same bits on any count: devices.py.
-    devices.setup_devices([c.devices for c in runs_configs], processes=processes, model_bytes=size,
+    devices.setup_devices([c.devices for c in runs_configs], processes=processes,
                           at_least=MICRO_BATCHES if exact else 1,
                           start=lambda: distributed.initialize(
                               args.coordinator, args.num_processes, args.process_id,

@@ -7,33 +7,21 @@ from typing import Any, Callable
 
 import jax
 
-from jax_dp import memory
 from jax_dp.errors import ParamError
 
 
 # XLA:CPU runs one process's collectives on 256 threads: with more simulated devices the
 # others never reach an all-reduce's rendezvous and XLA aborts after 40 s (measured).
 MAX_SIMULATED = 256
-# Reserved for the data, XLA and Python when simulated devices share the host's memory.
-RESERVED_BYTES = 4 * 2**30
 
 
-def check_simulated(k: int, model_bytes: int = 0, available: int | None = None) -> None:
-    """Refuse k simulated CPU devices that could not train: too many threads, or copies of a
-    model of model_bytes (params, gradients, updated params: 3 each) that exceed memory."""
+def check_simulated(k: int) -> None:
+    """Refuse more simulated CPU devices than XLA:CPU's collectives can serve. Whether their
+    steps fit in memory is judged from the compiled steps (memory.check_fits)."""
     if k > MAX_SIMULATED:
         raise ParamError("devices", f"{{}} {k} is more than the {MAX_SIMULATED} CPU devices XLA "
                          f"can simulate in one process (its collectives run on {MAX_SIMULATED} "
                          f"threads): pass {MAX_SIMULATED} or fewer, or use more processes")
-    if not model_bytes:
-        return
-    if available is None:  # Free for a new process (MemAvailable); unlimited if unknown.
-        available = memory.meminfo_bytes("MemAvailable") or 2**62
-    fit = max(available - RESERVED_BYTES, 0) // (3 * model_bytes)
-    if k > fit:
-        raise ParamError("devices", f"{{}} {k} would hold {k} copies of a {model_bytes / 2**20:.0f}"
-                         f" MB model, more than the {available / 2**30:.1f} GiB of free memory "
-                         f"allow: pass {fit} or fewer")
 
 
 def check_count(k: int) -> None:
@@ -42,11 +30,11 @@ def check_count(k: int) -> None:
         raise ParamError("devices", f"{{}} must be at least 1, got {k}")
 
 
-def simulate_cpu_devices(k: int, model_bytes: int = 0) -> None:
+def simulate_cpu_devices(k: int) -> None:
     """Make XLA:CPU expose k devices (checked by check_simulated); a no-op for the GPU
     backend or when JAX_NUM_CPU_DEVICES is set."""
     check_count(k)
-    check_simulated(k, model_bytes)
+    check_simulated(k)
     if "JAX_NUM_CPU_DEVICES" in os.environ:  # The user's own choice wins.
         return
     try:
@@ -93,14 +81,11 @@ def check_split(k: int, processes: int) -> None:
 
 
 def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
-                  processes: int = 1, model_bytes: int = 0,
-                  at_least: int = 1) -> list[tuple[jax.Device, ...]]:
+                  processes: int = 1, at_least: int = 1) -> list[tuple[jax.Device, ...]]:
     """Simulate enough CPU devices for the largest count, call start(), then pick each set.
 
     With several processes, counts are over all of them; start is where the multi-process
-    runtime is joined, after the simulation is set up and before JAX starts. model_bytes
-    (the model's params and state) bounds how many simulated devices fit in memory. Each
-    process simulates at least at_least devices: XLA:CPU shares a process's threads among its
+    runtime is joined, after the simulation is set up and before JAX starts. Each process simulates at least at_least devices: XLA:CPU shares a process's threads among its
     simulated devices, and how a convolution splits its sums over threads (so its bits)
     follows their count; the exact mode fixes it for every device count (config.MICRO_BATCHES).
     """
@@ -108,6 +93,6 @@ def setup_devices(counts: list[int], start: Callable[[], Any] = lambda: None,
         raise ParamError("devices", f"{{}} must be positive counts, got {counts}")
     for k in counts:  # Before joining: every process refuses alike, none waits on another.
         check_split(k, processes)
-    simulate_cpu_devices(max(-(-max(counts) // processes), at_least), model_bytes)
+    simulate_cpu_devices(max(-(-max(counts) // processes), at_least))
     start()
     return [get_devices(k) for k in counts]

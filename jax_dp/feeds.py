@@ -43,6 +43,11 @@ class HostBatches:
         batch = data.zero_batch(size, self.train_data.images.shape[1:])
         return [self.program.compile("train", state, metrics, self.program.shard(batch))]
 
+    def compiled_for(self, state, metrics, size: int):
+        """The step compiled for a global batch of size rows, kept nowhere (memory.check_fits)."""
+        batch = data.zero_batch(size, self.train_data.images.shape[1:])
+        return self.program.lower("train", state, metrics, self.program.shard(batch)).compile()
+
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (1, placed batch) pairs."""
         for batch in data.batches(self.train_data, self.batch_size,
@@ -75,6 +80,14 @@ class DeviceCalls:
                    for first in range(begin, per_epoch, self.steps_per_call)}
         return [self.program.compile("calls", state, metrics, self.examples,
                                      self.program.shard(zero_call(size, n))) for n in lengths]
+
+    def compiled_for(self, state, metrics, size: int):
+        """A full call compiled for global batches of size rows, kept nowhere (memory.check_fits)."""
+        per_epoch = data.num_batches(len(self.train_data.labels), self.batch_size,
+                                     self.drop_remainder)
+        call = zero_call(size, min(self.steps_per_call, per_epoch))
+        return self.program.lower("calls", state, metrics, self.examples,
+                                  self.program.shard(call)).compile()
 
     def epoch(self, order: np.ndarray, start: int) -> Iterator[tuple[int, dict]]:
         """The epoch's steps from step start on, as (steps, placed call) pairs."""

@@ -103,11 +103,6 @@ def get_model(name: str, platform: str | None = None, convolution=None, **option
     return model_module(name).make(**options)
 
 
-def model_bytes(name: str, **options) -> int:
-    """Bytes of the model's params and state, found without starting JAX's backend."""
-    return _bytes(_shapes(name, options))
-
-
 def param_bytes(name: str, **options) -> int:
     """Bytes of the model's params alone: what a step all-reduces as gradients."""
     return _bytes(_shapes(name, options)[0])
