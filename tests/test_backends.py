@@ -138,19 +138,19 @@ def hlo_bytes_sent(scheme, size, k):
 def test_traffic_per_device_is_what_the_compiled_program_sends(scheme, k, size):
     """Catches a traffic formula that is not the code's (the ring pads to k chunks) and an
     all-reduce that sends more than it should."""
-    assert allreduce.bytes_sent(scheme, size, k) == hlo_bytes_sent(scheme, size, k)
+    assert schemes.bytes_sent(scheme, size, k) == hlo_bytes_sent(scheme, size, k)
 
 
 def test_the_ring_sends_less_than_the_star_from_its_busiest_device():
     n = 129_068
-    assert max(allreduce.bytes_sent("ring", n, 8)) < max(allreduce.bytes_sent("star", n, 8)) / 3
+    assert max(schemes.bytes_sent("ring", n, 8)) < max(schemes.bytes_sent("star", n, 8)) / 3
 
 
 def test_hand_made_allreduce_needs_pmap_and_unknown_names_are_refused():
     with pytest.raises(ValueError, match="allreduce ring is written for the pmap backend"):
-        allreduce.get_allreduce("ring", "jit")
+        schemes.get_allreduce("ring", "jit")
     with pytest.raises(ValueError, match="unknown allreduce 'tree'"):
-        allreduce.get_allreduce("tree", "pmap")
+        schemes.get_allreduce("tree", "pmap")
     with pytest.raises(ValueError, match="unknown backend 'xmap'"):
         make_backend("xmap", get_devices(2))
 
