@@ -14,18 +14,15 @@ from jax_dp import dispatch, feeds
 from jax_dp.backends import Backend
 from jax_dp.step import Steps, TrainState, zero_metrics
 
-# What a program runs: one step on a placed batch, several under lax.scan on a placed call
-# (feeds.scanned), or an evaluation step. Each takes (state, metrics, ..., its data last).
-KINDS = ("train", "calls", "evaluate")
-
-
 class Program:
     """steps (pure, per shard) wrapped for backend: state placed on its devices, each kind of
     step compiled once per shape of its data, and run; a training step donates the state it
     is given unless donate is False (to call it again on the same state).
 
     A step called before it is compiled ahead (`compile`) runs through the backend's own
-    wrapper (jax.pmap, jax.jit), which compiles it on first use.
+    wrapper (jax.pmap, jax.jit), which compiles it on first use. Its kinds: "train" (one step
+    on a placed batch), "calls" (several under lax.scan, feeds.scanned) and "evaluate"; each
+    takes (state, metrics, ..., its data last).
     """
 
     def __init__(self, backend: Backend, steps: Steps, donate: bool = True):
