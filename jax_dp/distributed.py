@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from typing import Callable
@@ -14,6 +15,7 @@ import jax
 
 from jax_dp.config import LONGEST_S, check_seconds
 from jax_dp.errors import ParamError
+from jax_dp.relay import Relay
 
 
 # JAX's default is 100 s: a run whose peer died would wait that long in its shutdown barrier.
@@ -24,14 +26,21 @@ _LOST = {"heartbeat timeout": "it stopped sending heartbeats",
          "Connection reset by peer": "its connection closed during a collective",
          "Connection closed by peer": "its connection closed during a collective",
          "Gloo": "a collective with it failed"}
+# Exit code of a process that ends because another of its run was lost (as train()'s callers use).
+LOST_EXIT_CODE = 3
+# The relay of a process other than 0 to the run's coordinator, once it has joined.
+_relay: Relay | None = None
 
 
 def lost_process(error: BaseException) -> tuple[str, str] | None:
     """(which process, how it was seen to go) when error says a process of this multi-process
-    run is gone: ("process 1", "it stopped sending heartbeats"); "another process" where the
-    error does not say which. None for any other error."""
+    run is gone, or error says nothing known but process 0's coordinator has gone meanwhile:
+    ("process 1", "it stopped sending heartbeats"); "another process" where the error does not
+    say which. None for any other error."""
     text = str(error)
     how = next((words for mark, words in _LOST.items() if mark in text), None)
+    if how is None and _relay is not None and _relay.lost.is_set():
+        return "process 0", "its coordinator's connection closed"
     if jax.process_count() == 1 or how is None:
         return None
     named = re.search(r"Task (\d+) heartbeat timeout", text)
@@ -90,8 +99,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         options["coordinator_bind_address"] = bind or coordinator
         if process_id == 0:
             _check_free(options["coordinator_bind_address"])
+    address = coordinator
+    if coordinator and process_id != 0:
+        global _relay
+        _relay = Relay(coordinator, lambda: _end_soon(heartbeat_s / 2))
+        address = _relay.address
     try:
-        _within(timeout_s, lambda: jax.distributed.initialize(coordinator, num_processes,
+        _within(timeout_s, lambda: jax.distributed.initialize(address, num_processes,
                                                                process_id, **options))
     except TimeoutError:
         raise ParamError("start_timeout", f"process {process_id} could not join the run at {where} "
@@ -102,6 +116,22 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         raise ValueError(f"cannot join the run at {where} ({type(e).__name__}: {reason}): pass "
                          "a free port in --coordinator, reachable from every process") from None
     return True
+
+
+def _end_soon(grace_s: float) -> None:
+    """Process 0 is gone: the run's next collective fails and names it; a process still in its
+    run grace_s later (waiting on the runtime, not a collective) ends here in one line, before
+    JAX's client would see its heartbeats go unanswered and end it in C++."""
+    def end():
+        if jax.distributed.is_initialized():  # Not a finished run's shutdown.
+            sys.stderr.write("error: process 0 of the run was lost (its coordinator's connection "
+                             "closed): resume with --resume on the processes that remain\n")
+            sys.stderr.flush()
+            os._exit(LOST_EXIT_CODE)
+
+    timer = threading.Timer(grace_s, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _check_free(address: str) -> None:

@@ -204,7 +204,7 @@ def _raise_if_lost(error: Exception, ckpt: Checkpointer | None) -> None:
     """Raise ProcessLost, naming the lost process and the newest checkpoint, if error says a
     process of the run is gone; the folder is released at once (its saves are whole, and
     Orbax's close would wait on the lost process)."""
-    if (lost := distributed.lost_process(error)) is None:
+    if isinstance(error, ProcessLost) or (lost := distributed.lost_process(error)) is None:
         return
     where = "no checkpoint was saved"
     if ckpt:

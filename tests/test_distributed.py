@@ -265,10 +265,11 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
 
 
 def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(tmp_path):
-    """The exact mode, 4 epochs of 10 steps: 2 processes x 1 device, then 1 x 2, then 2 x 1
-    again until process 1 is SIGKILLed mid-epoch 3, then 1 x 1 to the end: the
-    uninterrupted run's params, optimizer state and history, bit for bit. The lost process ends
-    the run within 30 s in one line naming it and the newest checkpoint, exit code 3."""
+    """The exact mode, 4 epochs of 10 steps: 2 processes x 1 device until process 0, the
+    coordinator's, is SIGKILLed mid-epoch 3, then 1 process x 2 devices to the end: the
+    uninterrupted run's params, optimizer state and history, bit for bit. Process 1 ends
+    within 30 s in one line naming process 0 and the newest checkpoint, exit code 3, and
+    nothing from JAX's runtime (which would end it in C++ on the coordinator's loss)."""
     flags = ["--exact", "--devices", "1", "--train-examples", "640", "--test-examples", "200",
              "--batch-size", "64", "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt"),
              "--json", str(tmp_path / "runs.json")]
@@ -289,16 +290,11 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
                            capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr
     want = history(), final_state(tmp_path / "whole")
-    for epochs, devices, processes in ((1, 2, 2), (2, 2, None)):
-        proc = subprocess.run(part(epochs, devices, processes), capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        assert len(history()) == epochs and (epochs == 1 or "resuming from" in proc.stdout)
     launcher = subprocess.Popen(part(4, 2, 2, "--checkpoint-every", "1", "--steps-per-call", "1"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = rank_pid(launcher, 1)
+    victim = rank_pid(launcher, 0)
     ckpt = tmp_path / "ckpt" / "bs64-lr0.2"
-    while not any(p.name.isdigit() and int(p.name) > 22 for p in ckpt.iterdir()):
+    while not (ckpt.is_dir() and any(p.name.isdigit() and int(p.name) > 22 for p in ckpt.iterdir())):
         assert launcher.poll() is None, launcher.communicate()
         time.sleep(0.02)
     os.kill(victim, signal.SIGKILL)
@@ -306,18 +302,16 @@ def test_a_run_moves_between_processes_and_devices_and_outlives_a_lost_process(t
     out, err = launcher.communicate(timeout=120)
     assert time.monotonic() - killed < 30
     assert launcher.returncode == 128 + signal.SIGKILL
-    lines = err.splitlines()
-    assert "python -m experiments.launch: process 1 ended (killed by SIGKILL); stopping the " \
-           "others" in lines
-    lost = [line for line in lines if "of the run was lost" in line]
-    assert len(lost) == 1, err
-    lost = lost[0]
     step = max(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
-    assert lost.startswith("python -m experiments.lenet: error: process 1 of the run was lost (")
+    stopping = "python -m experiments.launch: process 0 ended (killed by SIGKILL); stopping the others"
+    lines = err.splitlines()
+    assert len(lines) == 2 and stopping in lines, err  # In either order.
+    lost = lines[1 - lines.index(stopping)]
+    assert lost.startswith("python -m experiments.lenet: error: process 0 of the run was lost ("), err
     assert lost.endswith(f"the newest checkpoint is step {step} in {ckpt}: resume with --resume "
                          "on the processes that remain")
     assert 22 < step < 40
-    rest = subprocess.run(part(4, 1), capture_output=True, text=True, timeout=600)
+    rest = subprocess.run(part(4, 2), capture_output=True, text=True, timeout=600)
     assert rest.returncode == 0 and "resuming from" in rest.stdout, rest.stderr
     assert history() == want[0]
     got = final_state(tmp_path / "ckpt")

@@ -14,8 +14,9 @@ from jax_dp import assembly, data, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
 
-# Every ordered pair of 1, 2, 4 and 8 devices once (an Euler circuit), the backend alternating.
-EVERY_PAIR = (1, 2, 1, 4, 1, 8, 2, 4, 2, 8, 4, 8, 1)
+# Each of 1, 2, 4 and 8 devices, moves up and down, the backend alternating: 6 parts, the
+# fifth stopped at the first epoch's end.
+EVERY_COUNT = (1, 2, 8, 4, 1, 2)
 UP_AND_DOWN = (1, 8, 2)
 
 
@@ -60,7 +61,7 @@ def split_of(images: data.Split, n: int) -> data.Split:
     return data.Split(images.images[:n], images.labels[:n])
 
 
-@pytest.mark.parametrize("model, devices", [("lenet", EVERY_PAIR),
+@pytest.mark.parametrize("model, devices", [("lenet", EVERY_COUNT),
                                             ("tests.tiny_resnet", UP_AND_DOWN)])
 def test_an_exact_run_resumed_on_other_device_counts_and_backends_keeps_its_bits(
         tmp_path, fashion_train_6k, model, devices):
