@@ -150,6 +150,9 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    "(default: $JAX_COORDINATOR_ADDRESS)")
     p.add_argument("--num-processes", type=int, help="processes in the run ($JAX_NUM_PROCESSES)")
     p.add_argument("--process-id", type=int, help="this process's rank ($JAX_PROCESS_ID)")
+    p.add_argument("--single-process", action="store_true",
+                   help="train as one process even when started by a cluster manager (SLURM's "
+                        "srun, Open MPI's mpirun), whose processes otherwise form one run")
     p.add_argument("--coordinator-bind", metavar="HOST:PORT",
                    help="where process 0's coordinator listens (default: the --coordinator "
                         "address itself; JAX's runtime has no authentication, so keep the port "

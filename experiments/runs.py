@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from pathlib import Path
 
 from experiments import outputs, xla_options
@@ -30,8 +29,9 @@ def train_runs(args) -> None:
     # Checked here, not only when a multi-process run starts: the flags are wrong either way.
     check_seconds("start_timeout", args.start_timeout, LONGEST_S - 30)  # JAX's: 30 s later.
     check_seconds("heartbeat_timeout", args.heartbeat_timeout)
-    processes = distributed.requested_processes(args.num_processes)
-    primary = processes == 1 or (args.process_id or int(os.environ.get("JAX_PROCESS_ID", 0))) == 0
+    managed = not args.single_process
+    processes = distributed.requested_processes(args.num_processes, managed)
+    primary = processes == 1 or distributed.requested_rank(args.process_id, managed) == 0
     runs_configs = configs(args)
     folders = run_folders(args.checkpoint_dir, runs_configs) if args.checkpoint_dir else \
         [None] * len(runs_configs)
@@ -48,7 +48,7 @@ def train_runs(args) -> None:
                           start=lambda: distributed.initialize(
                               args.coordinator, args.num_processes, args.process_id,
                               bind=args.coordinator_bind, timeout_s=args.start_timeout,
-                              heartbeat_s=args.heartbeat_timeout)
+                              heartbeat_s=args.heartbeat_timeout, managed=managed)
                           and distributed.check_same(runs_configs, options, args.start_timeout))
     primary = distributed.is_primary()
     if args.resume and args.checkpoint_dir:

@@ -51,20 +51,46 @@ def lost_process(error: BaseException) -> tuple[str, str] | None:
     return "another process", how
 
 
-def requested_processes(num_processes: int | None = None) -> int:
-    """How many processes the run has: the flag, $JAX_NUM_PROCESSES, SLURM's task count, or 1."""
+# Cluster managers that start every process of a run, each by the variables holding the process
+# count and this process's rank; JAX's own detection (jax.distributed.initialize given no
+# address) finds their coordinator.
+MANAGERS = {"SLURM": ("SLURM_NTASKS", "SLURM_PROCID"),
+            "Open MPI's mpirun": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")}
+
+
+def cluster_manager() -> str | None:
+    """The cluster manager that started this process as one of several, if any."""
+    return next((name for name, (count, _) in MANAGERS.items() if (_env_int(count) or 1) > 1),
+                None)
+
+
+def requested_processes(num_processes: int | None = None, managed: bool = True) -> int:
+    """How many processes the run has: the flag, $JAX_NUM_PROCESSES, the cluster manager's count
+    (unless not managed), or 1."""
     _check_count(num_processes)
-    return (num_processes or _env_int("JAX_NUM_PROCESSES") or _env_int("SLURM_NTASKS") or 1)
+    manager = MANAGERS.get(cluster_manager() if managed else None)
+    return num_processes or _env_int("JAX_NUM_PROCESSES") or (manager and _env_int(manager[0])) or 1
+
+
+def requested_rank(process_id: int | None = None, managed: bool = True) -> int:
+    """This process's rank: the flag, $JAX_PROCESS_ID, the cluster manager's (unless not
+    managed), or 0."""
+    if process_id is not None:
+        return process_id
+    manager = MANAGERS.get(cluster_manager() if managed else None)
+    return _env_int("JAX_PROCESS_ID") or (manager and _env_int(manager[1])) or 0
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, bind: str | None = None,
-               timeout_s: float = 60.0, heartbeat_s: int = HEARTBEAT_S) -> bool:
+               timeout_s: float = 60.0, heartbeat_s: int = HEARTBEAT_S,
+               managed: bool = True) -> bool:
     """Join a multi-process run, if one is asked for; True when this process is in one.
 
     Values not given come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-    JAX_PROCESS_ID (what experiments.launch sets); under SLURM with several tasks, JAX
-    finds them itself. Must run after simulating CPU devices, before any JAX operation.
+    JAX_PROCESS_ID (what experiments.launch sets); started by a cluster manager (MANAGERS:
+    SLURM's srun, Open MPI's mpirun) as one of several processes, JAX finds them itself, unless
+    not managed (one process, whatever the environment says). Must run after simulating CPU devices, before any JAX operation.
     Process 0's coordinator listens on bind (HOST:PORT; default the coordinator's own address,
     so a loopback coordinator is not reachable from other machines). Joining takes at most
     timeout_s seconds, then is refused in one line; a signal meanwhile is handled at once.
@@ -79,17 +105,17 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         raise ValueError(f"--coordinator must be HOST:PORT (process 0's address and a free "
                          f"port, e.g. localhost:12345), got {coordinator!r}")
     process_id = process_id if process_id is not None else _env_int("JAX_PROCESS_ID")
-    slurm = (_env_int("SLURM_NTASKS") or 1) > 1 and not coordinator
-    if not (coordinator or (num_processes or 1) > 1 or slurm):
+    manager = cluster_manager() if managed and not coordinator else None
+    if not (coordinator or (num_processes or 1) > 1 or manager):
         return False
-    if not slurm and None in (coordinator, num_processes, process_id):
+    if not manager and None in (coordinator, num_processes, process_id):
         raise ValueError("a multi-process run needs --coordinator HOST:PORT, --num-processes N "
                          "and --process-id I (or run it with python -m experiments.launch)")
-    if not slurm and not 0 <= process_id < num_processes:
+    if not manager and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
     check_seconds("start_timeout", timeout_s, LONGEST_S - 30)  # JAX's deadline is 30 s later.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    where = coordinator or "SLURM's coordinator"
+    where = coordinator or f"{manager}'s coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
     if not (isinstance(heartbeat_s, int) and 1 <= heartbeat_s <= LONGEST_S):
         raise ParamError("heartbeat_timeout", f"{{}} must be a whole number of seconds from 1 to "
@@ -108,7 +134,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         _within(timeout_s, lambda: jax.distributed.initialize(address, num_processes,
                                                                process_id, **options))
     except TimeoutError:
-        raise ParamError("start_timeout", f"process {process_id} could not join the run at {where} "
+        raise ParamError("start_timeout", f"process {requested_rank(process_id)} could not join "
+                         f"the run at {where} "
                          f"within {timeout_s:g} s: start all {num_processes} processes with the "
                          "same --coordinator, or pass a longer {}") from None
     except Exception as e:  # JAX's runtime reports a port in use or a refused peer so.
