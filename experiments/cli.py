@@ -136,6 +136,10 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="training steps per compiled call, run under lax.scan with the "
                         "training split on the devices (default: the platform's measured best, "
                         "see docs/speed.md); checkpoints and signals then act between calls")
+    p.add_argument("--log-every", type=float, default=60.0, metavar="SECONDS",
+                   help="where no progress bar shows (output to a file, --no-progress): a line "
+                        "with the UTC time, step, images/s, running loss and ETAs at most every "
+                        "this many seconds (0: every step)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],

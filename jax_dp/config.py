@@ -149,6 +149,8 @@ class RunOptions:
     steps_per_call: steps per compiled call (jax_dp.feeds; None: the platform's measured best).
       Checkpoints, signals and the progress bar then act between calls.
     progress: show a progress bar within each epoch, on terminals only.
+    log_every: where no bar shows, log a line (UTC time, step, images/s, running loss, ETAs)
+      at most every this many seconds (0: after every call; None: never).
     """
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -156,6 +158,7 @@ class RunOptions:
     step_timeout: float | None = None
     steps_per_call: int | None = None
     progress: bool = False
+    log_every: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -165,6 +168,10 @@ class RunOptions:
             check_seconds("step_timeout", self.step_timeout)
         if self.steps_per_call is not None:
             _at_least("steps_per_call", self.steps_per_call, 1)
+        if self.log_every is not None and not (isinstance(self.log_every, (int, float))
+                                               and 0 <= self.log_every < math.inf):
+            raise ParamError("log_every", f"{{}} must be a finite number of seconds, 0 or more, "
+                             f"got {self.log_every}")
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 

@@ -9,7 +9,6 @@ from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
-import tqdm
 
 from jax_dp import data as data_lib
 from jax_dp import assembly, dispatch, distributed, feeds, memory
@@ -20,6 +19,7 @@ from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 from jax_dp.models import model_options
 from jax_dp.program import Program
+from jax_dp.progress import Progress
 from jax_dp.step import TrainState, init_state
 
 
@@ -151,19 +151,23 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         timeout_s = run.step_timeout and run.step_timeout * steps_per_call  # Per call.
         in_flight = dispatch.InFlight(timeout_s=timeout_s)
+        progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
+                            global_batch=config.batch_size, bar=run.progress,
+                            log_every_s=run.log_every)
         # A lost process is named while signals are still only recorded: the launcher's SIGTERM
         # that follows it must not end the process before the line that says why.
         with dispatch.stop_requests() as stop, _naming_lost_processes(ckpt):
             while position.epoch < config.epochs:
                 # A resumed epoch's earlier steps count too.
                 epoch_start = time.perf_counter() - position.epoch_s
-                with _bar(run.progress, position, per_epoch) as bar:
+                with progress.epoch(position.epoch, position.step):
                     for n, placed in feed.epoch(position.order, position.step):
                         state, metrics = feed(state, metrics, placed)
                         before, position = position.global_step, position.stepped(n)
                         in_flight.add(metrics,
                                       f"step {position.step} of epoch {position.epoch + 1}")
-                        bar.update(n)
+                        progress.stepped(position.epoch, position.step, n,
+                                         lambda: _running(backend, metrics))
                         on_step(position)
                         if position.step < per_epoch:  # An epoch's last step is saved at its end.
                             due = _crossed(before, position.global_step, run.checkpoint_every)
@@ -238,10 +242,10 @@ def _epoch_result(program: Program, state: TrainState, metrics: dict, position: 
             "train_acc": sums["correct"] / sums["count"]}
 
 
-def _bar(progress: bool, position: Position, total: int) -> tqdm.tqdm:
-    """A progress bar over an epoch's steps, shown only on a terminal (None: tqdm's TTY test)."""
-    return tqdm.tqdm(total=total, initial=position.step, desc=f"epoch {position.epoch + 1}",
-                     unit="batch", leave=False, disable=None if progress else True)
+def _running(backend: Backend, metrics: dict) -> tuple[float, float]:
+    """The epoch's training loss and accuracy so far (waiting for its steps)."""
+    sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
+    return sums["loss_sum"] / max(sums["count"], 1), sums["correct"] / max(sums["count"], 1)
 
 
 def _between_steps(backend: Backend, ckpt: Checkpointer | None, state, metrics,

@@ -1,6 +1,8 @@
 """The train step: k devices equal one, replicas agree, evaluation counts everything."""
 
+import datetime
 import itertools
+import re
 
 import chex
 import jax
@@ -8,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import assembly, data, models, step as step_lib, train
+from jax_dp import assembly, data, models, progress, step as step_lib, train
 from jax_dp.models.lenet import lenet
 from jax_dp.models.model import Model
 from jax_dp.config import RunOptions, TrainConfig
@@ -98,6 +100,8 @@ def test_1000_pmapped_steps_on_8_devices_finish():
     ({"checkpoint_every": -1}, "checkpoint_every must be 0 (epoch ends only) or more, got -1"),
     ({"checkpoint_every": 5}, "resume and checkpoint_every need checkpoint_dir"),
     ({"resume": True}, "resume and checkpoint_every need checkpoint_dir"),
+    ({"log_every": -1.0}, "log_every must be a finite number of seconds, 0 or more, got -1.0"),
+    ({"log_every": float("inf")}, "log_every must be a finite number of seconds, 0 or more, got inf"),
 ])
 def test_run_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(ParamError) as e:
@@ -150,3 +154,39 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
     split = data.Split(np.zeros((13, 28, 28, 1), np.float32), labels)
     totals = train.evaluate(steps, state, split, batch_size=16)
     assert totals["count"] == 13 and totals["correct"] == 3
+
+
+def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas():
+    """log_every 0: a line after every step, UTC-stamped; an epoch's last line carries the
+    epoch's training loss and accuracy as the history has them."""
+    rng = np.random.default_rng(0)
+    split = data.Split(rng.random((64, 28, 28, 1), np.float32), rng.integers(0, 10, 64).astype(np.int32))
+    config = TrainConfig(devices=2, batch_size=16, epochs=2, train_examples=64, test_examples=16)
+    lines = []
+    run = train.train(config, split, data.Split(split.images[:16], split.labels[:16]),
+                      RunOptions(log_every=0.0), log=lines.append)
+    logged = [m for m in map(LINE.fullmatch, lines) if m]
+    assert [(int(m["epoch"]), int(m["step"])) for m in logged] == [(e, s) for e in (1, 2) for s in range(1, 5)]
+    for m in logged:
+        datetime.datetime.strptime(m["stamp"], "%Y-%m-%dT%H:%M:%SZ")
+        assert float(m["rate"]) > 0
+    for m, e in zip((logged[3], logged[7]), run["epochs"]):
+        assert (m["loss"], m["acc"]) == (f"{e['train_loss']:.4f}", f"{e['train_acc']:.3f}")
+
+
+LINE = re.compile(r"(?P<stamp>\S+) epoch (?P<epoch>\d+)/2 step (?P<step>\d+)/4: (?P<rate>[\d.]+) "
+                  r"images/s, loss (?P<loss>[\d.]+), train acc (?P<acc>[\d.]+), epoch ETA "
+                  r"\d+s, run ETA \d+s")
+
+
+def test_lines_come_at_most_every_log_every_seconds():
+    """Started at 0 s, steps at 1, 2, ..., 10 s, a line at most every 3 s: at 3, 6 and 9 s."""
+    now = iter(range(11))
+    lines = []
+    p = progress.Progress(lines.append, epochs=1, per_epoch=10, global_batch=8, bar=False,
+                          log_every_s=3.0, clock=lambda: float(next(now)))
+    with p.epoch(0, 0):
+        for step in range(1, 11):
+            p.stepped(0, step, 1, lambda: (1.0, 0.5))
+    assert [line.split()[4] for line in lines] == ["3/10:", "6/10:", "9/10:"]
+    assert lines[0].endswith("8.0 images/s, loss 1.0000, train acc 0.500, epoch ETA 7s, run ETA 7s")
