@@ -140,6 +140,9 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="where no progress bar shows (output to a file, --no-progress): a line "
                         "with the UTC time, step, images/s, running loss and ETAs at most every "
                         "this many seconds (0: every step)")
+    p.add_argument("--logdir", help="write TensorBoard event files here (process 0): the "
+                   "running loss, accuracy, lr and step time every --log-every seconds, each "
+                   "epoch's history, the config")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],

@@ -21,6 +21,14 @@ def load_data(args):
             data.load_fashion_mnist("test", limit=args.test_examples, **load))
 
 
+def logdir_of(logdir: str | None, config, runs: int) -> str | None:
+    """Where one of runs runs writes its TensorBoard events: logdir itself for a lone run, else
+    a folder in it named for what tells the runs apart."""
+    if logdir is None or runs == 1:
+        return logdir
+    return str(Path(logdir) / f"devices{config.devices}-bs{config.batch_size}-lr{config.lr:g}")
+
+
 def train_runs(args) -> None:
     """Train once per device count, printing the book's lines; write --json and --plot."""
     from jax_dp import checkpoint, devices, distributed, train  # JAX starts later.
@@ -65,7 +73,8 @@ def train_runs(args) -> None:
     try:
         for config, folder in zip(runs_configs, folders):
             run = train.train(config, train_data, test_data, dataclasses.replace(
-                options, checkpoint_dir=folder, progress=args.progress and primary), log=log,
+                options, checkpoint_dir=folder, progress=args.progress and primary,
+                logdir=logdir_of(args.logdir, config, len(runs_configs))), log=log,
                 on_epoch=write)
             run.pop("state")
             avg = sum(e["time_s"] for e in run["epochs"]) / len(run["epochs"])

@@ -151,6 +151,8 @@ class RunOptions:
     progress: show a progress bar within each epoch, on terminals only.
     log_every: where no bar shows, log a line (UTC time, step, images/s, running loss, ETAs)
       at most every this many seconds (0: after every call; None: never).
+    logdir: write TensorBoard event files here (process 0): at log_every's pace the running
+      loss, accuracy, lr and step time; each epoch's history; the config.
     """
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -159,6 +161,7 @@ class RunOptions:
     steps_per_call: int | None = None
     progress: bool = False
     log_every: float | None = None
+    logdir: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:

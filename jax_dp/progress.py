@@ -20,14 +20,16 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """Reports each step of a run of epochs x per_epoch steps of global_batch examples: on a
-    terminal (and asked for) as a bar with the run's ETA; otherwise, when log_every_s is not
-    None, as a line on log at most every log_every_s seconds (0: after every step)."""
+    terminal (and asked for) as a bar with the run's ETA. At most every log_every_s seconds
+    (0: after every step; None: never) the epoch's running loss and accuracy go to report
+    (global step, loss, accuracy, seconds per step) and, where no bar shows, a line to log."""
 
     def __init__(self, log: Callable[[str], None], *, epochs: int, per_epoch: int,
                  global_batch: int, bar: bool, log_every_s: float | None,
+                 report: Callable[[int, float, float, float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.log, self.epochs, self.per_epoch, self.global_batch = log, epochs, per_epoch, global_batch
-        self.show_bar, self.every, self.clock = bar, log_every_s, clock
+        self.show_bar, self.every, self.report, self.clock = bar, log_every_s, report, clock
         self.started = self.last = clock()  # Made when the steps start: rates leave out compiling.
         self.steps = 0
         self.bar = None
@@ -52,9 +54,13 @@ class Progress:
         self.bar.update(n)
         if not self.bar.disable:
             self.bar.set_postfix_str(f"run ETA {duration(left / rate)}", refresh=False)
-        elif self.every is not None and now - self.last >= self.every:
-            self.last = now
-            loss, acc = running()
+        if self.every is None or now - self.last < self.every:
+            return
+        self.last = now
+        loss, acc = running()
+        if self.report:
+            self.report(epoch * self.per_epoch + step, loss, acc, 1 / rate)
+        if self.bar.disable:
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             self.log(f"{stamp} epoch {epoch + 1}/{self.epochs} step {step}/{self.per_epoch}: "
                      f"{rate * self.global_batch:.1f} images/s, loss {loss:.4f}, train acc "

@@ -17,6 +17,7 @@ from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
+from jax_dp.events import Events
 from jax_dp.models import model_options
 from jax_dp.program import Program
 from jax_dp.progress import Progress
@@ -127,6 +128,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     state, metrics = program.place(init_state(model, tx, jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
+    events = None
     try:
         if run.resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
             state, metrics, position = restored
@@ -151,9 +153,14 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         timeout_s = run.step_timeout and run.step_timeout * steps_per_call  # Per call.
         in_flight = dispatch.InFlight(timeout_s=timeout_s)
+        if run.logdir and distributed.is_primary():
+            events = Events(run.logdir, dataclasses.asdict(config))
+        lr = assembly.learning_rate(config)
         progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
                             global_batch=config.batch_size, bar=run.progress,
-                            log_every_s=run.log_every)
+                            log_every_s=run.log_every,
+                            report=events and (lambda step, loss, acc, step_s: events.step(
+                                step, loss, acc, float(lr(step)), step_s)))
         # A lost process is named while signals are still only recorded: the launcher's SIGTERM
         # that follows it must not end the process before the line that says why.
         with dispatch.stop_requests() as stop, _naming_lost_processes(ckpt):
@@ -177,6 +184,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                 time_s = time.perf_counter() - epoch_start
                 result = _epoch_result(program, state, metrics, position, test_data,
                                        config.batch_size, time_s)
+                if events:
+                    events.epoch(position.global_step, result)
                 log(f"epoch {result['epoch']}, time {time_s:.1f} sec, "
                     f"test acc {result['test_acc']:.2f}")
                 position = position.next_epoch(
@@ -192,6 +201,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     finally:  # Also on errors and signals: finish writes and free the folder's lock.
         if ckpt:
             ckpt.close()
+        if events:
+            events.close()
 
 
 @contextlib.contextmanager

@@ -196,3 +196,11 @@ def test_each_flag_reaches_the_trainconfig_it_builds(field):
 def test_every_trainconfig_field_has_a_flag_value_to_try():
     per_run = {"devices", "batch_size", "lr", "options", "model"}
     assert set(FLAG_VALUES) == {f.name for f in dataclasses.fields(TrainConfig)} - per_run
+
+
+def test_each_run_of_several_writes_its_events_in_a_folder_of_its_own():
+    from experiments.runs import logdir_of
+
+    config = TrainConfig(devices=2, batch_size=64, lr=0.2)
+    assert logdir_of(None, config, 2) is None and logdir_of("tb", config, 1) == "tb"
+    assert logdir_of("tb", config, 2) == "tb/devices2-bs64-lr0.2"

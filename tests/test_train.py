@@ -156,15 +156,28 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
     assert totals["count"] == 13 and totals["correct"] == 3
 
 
-def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas():
+def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas(tmp_path):
     """log_every 0: a line after every step, UTC-stamped; an epoch's last line carries the
-    epoch's training loss and accuracy as the history has them."""
+    epoch's training loss and accuracy as the history has them. The TensorBoard events, read
+    back with TensorBoard's own reader, hold the same values, the lr schedule and the config."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((64, 28, 28, 1), np.float32), rng.integers(0, 10, 64).astype(np.int32))
-    config = TrainConfig(devices=2, batch_size=16, epochs=2, train_examples=64, test_examples=16)
+    config = TrainConfig(devices=2, batch_size=16, epochs=2, train_examples=64, test_examples=16,
+                         warmup_epochs=1.0)
     lines = []
     run = train.train(config, split, data.Split(split.images[:16], split.labels[:16]),
-                      RunOptions(log_every=0.0), log=lines.append)
+                      RunOptions(log_every=0.0, logdir=str(tmp_path)), log=lines.append)
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    for name in ("train_loss", "train_acc", "test_acc", "time_s"):
+        assert scalars[f"epoch/{name}"] == [(4 * (i + 1), np.float32(e[name])) for i, e in enumerate(run["epochs"])]
+    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
+    assert [scalars["train/loss"][i][1] for i in (3, 7)] == [np.float32(e["train_loss"]) for e in run["epochs"]]
+    assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.2 * min(s / 4, 1) for s in range(1, 9)])
+    assert "config/text_summary" in events.Tags()["tensors"]
     logged = [m for m in map(LINE.fullmatch, lines) if m]
     assert [(int(m["epoch"]), int(m["step"])) for m in logged] == [(e, s) for e in (1, 2) for s in range(1, 5)]
     for m in logged:
