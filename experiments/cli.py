@@ -37,6 +37,14 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def step_range(text: str) -> tuple[int, int]:
+    """A flag type for START:STOP, two whole numbers of global steps."""
+    start, _, stop = text.partition(":")
+    if not (start.isdigit() and stop.isdigit()):
+        raise argparse.ArgumentTypeError(f"must be START:STOP, global steps like 10:20, got {text!r}")
+    return int(start), int(stop)
+
+
 def fraction(text: str) -> float:
     """A flag type for a number in [0, 1)."""
     try:
@@ -143,6 +151,9 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     p.add_argument("--logdir", help="write TensorBoard event files here (process 0): the "
                    "running loss, accuracy, lr and step time every --log-every seconds, each "
                    "epoch's history, the config")
+    p.add_argument("--profile", type=step_range, metavar="START:STOP",
+                   help="keep a jax.profiler trace of global steps START to STOP in --logdir "
+                        "(TensorBoard's profile plugin, XProf, Perfetto)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="show a progress bar within each epoch (on terminals only)")
     p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],

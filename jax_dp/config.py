@@ -153,6 +153,7 @@ class RunOptions:
       at most every this many seconds (0: after every call; None: never).
     logdir: write TensorBoard event files here (process 0): at log_every's pace the running
       loss, accuracy, lr and step time; each epoch's history; the config.
+    profile: (start, stop): keep a jax.profiler trace of global steps start to stop in logdir.
     """
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -162,6 +163,7 @@ class RunOptions:
     progress: bool = False
     log_every: float | None = None
     logdir: str | None = None
+    profile: tuple[int, int] | None = None
 
     def __post_init__(self):
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -175,6 +177,9 @@ class RunOptions:
                                                and 0 <= self.log_every < math.inf):
             raise ParamError("log_every", f"{{}} must be a finite number of seconds, 0 or more, "
                              f"got {self.log_every}")
+        if self.profile is not None and not (self.logdir and 0 <= self.profile[0] < self.profile[1]):
+            raise ParamError("profile", f"{{}} must be START:STOP, global steps with 0 <= START < "
+                             f"STOP, and a logdir for the trace, got {self.profile[0]}:{self.profile[1]}")
         if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
             raise ParamError(("resume", "checkpoint_every", "checkpoint_dir"), "{} and {} need {}")
 

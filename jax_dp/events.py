@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import jax
+
 
 class Events:
     """Scalars by global step: train/loss and train/acc (the epoch so far), train/lr and
@@ -27,3 +29,29 @@ class Events:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class Trace:
+    """A jax.profiler trace of global steps [start, stop) kept in logdir, for TensorBoard's
+    profile plugin, XProf or Perfetto."""
+
+    def __init__(self, logdir: str, steps: tuple[int, int]):
+        self.logdir, (self.start, self.stop) = logdir, steps
+        self.tracing = False
+
+    def before(self, global_step: int) -> None:
+        """Start tracing if the step after global_step is one to trace."""
+        if not self.tracing and self.start <= global_step < self.stop:
+            jax.profiler.start_trace(self.logdir)
+            self.tracing = True
+
+    def after(self, global_step: int, state) -> None:
+        """Stop tracing once global_step reaches stop, when state (the step's output) is ready."""
+        if self.tracing and global_step >= self.stop:
+            jax.block_until_ready(state)
+            self.close()
+
+    def close(self) -> None:
+        if self.tracing:
+            jax.profiler.stop_trace()
+            self.tracing = False

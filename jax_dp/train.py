@@ -17,7 +17,7 @@ from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
-from jax_dp.events import Events
+from jax_dp.events import Events, Trace
 from jax_dp.models import model_options
 from jax_dp.program import Program
 from jax_dp.progress import Progress
@@ -128,7 +128,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     state, metrics = program.place(init_state(model, tx, jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
-    events = None
+    events = trace = None
     try:
         if run.resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
             state, metrics, position = restored
@@ -155,6 +155,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         in_flight = dispatch.InFlight(timeout_s=timeout_s)
         if run.logdir and distributed.is_primary():
             events = Events(run.logdir, dataclasses.asdict(config))
+            trace = Trace(run.logdir, run.profile) if run.profile else None
         lr = assembly.learning_rate(config)
         progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
                             global_batch=config.batch_size, bar=run.progress,
@@ -169,8 +170,12 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                 epoch_start = time.perf_counter() - position.epoch_s
                 with progress.epoch(position.epoch, position.step):
                     for n, placed in feed.epoch(position.order, position.step):
+                        if trace:
+                            trace.before(position.global_step)
                         state, metrics = feed(state, metrics, placed)
                         before, position = position.global_step, position.stepped(n)
+                        if trace:
+                            trace.after(position.global_step, state)
                         in_flight.add(metrics,
                                       f"step {position.step} of epoch {position.epoch + 1}")
                         progress.stepped(position.epoch, position.step, n,
@@ -201,6 +206,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     finally:  # Also on errors and signals: finish writes and free the folder's lock.
         if ckpt:
             ckpt.close()
+        if trace:
+            trace.close()
         if events:
             events.close()
 

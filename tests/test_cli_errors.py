@@ -63,6 +63,10 @@ BAD_VALUES = [
     (["--coordinator", "bad", "--num-processes", "2", "--process-id", "0"],
      "--coordinator must be HOST:PORT (process 0's address and a free port, e.g. "
      "localhost:12345), got 'bad'"),
+    (["--log-every", "inf"], "--log-every must be a finite number of seconds, 0 or more, got inf"),
+    (["--profile", "5"], "--profile: must be START:STOP, global steps like 10:20, got '5'"),
+    (["--profile", "2:1", "--logdir", "tb"], "--profile must be START:STOP, global steps with 0 "
+                                            "<= START < STOP, and a logdir for the trace, got 2:1"),
     (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/bs64-lr0.2 "
                                             "(Not a directory): pass a writable --checkpoint-dir"),
 ]

@@ -102,6 +102,10 @@ def test_1000_pmapped_steps_on_8_devices_finish():
     ({"resume": True}, "resume and checkpoint_every need checkpoint_dir"),
     ({"log_every": -1.0}, "log_every must be a finite number of seconds, 0 or more, got -1.0"),
     ({"log_every": float("inf")}, "log_every must be a finite number of seconds, 0 or more, got inf"),
+    ({"profile": (3, 3), "logdir": "tb"}, "profile must be START:STOP, global steps with 0 <= "
+                                          "START < STOP, and a logdir for the trace, got 3:3"),
+    ({"profile": (0, 2)}, "profile must be START:STOP, global steps with 0 <= START < STOP, and "
+                          "a logdir for the trace, got 0:2"),
 ])
 def test_run_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(ParamError) as e:
@@ -168,7 +172,8 @@ def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas(tmp_p
                          warmup_epochs=1.0)
     lines = []
     run = train.train(config, split, data.Split(split.images[:16], split.labels[:16]),
-                      RunOptions(log_every=0.0, logdir=str(tmp_path)), log=lines.append)
+                      RunOptions(log_every=0.0, logdir=str(tmp_path), profile=(2, 4)),
+                      log=lines.append)
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
@@ -178,6 +183,8 @@ def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas(tmp_p
     assert [scalars["train/loss"][i][1] for i in (3, 7)] == [np.float32(e["train_loss"]) for e in run["epochs"]]
     assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.2 * min(s / 4, 1) for s in range(1, 9)])
     assert "config/text_summary" in events.Tags()["tensors"]
+    (trace,) = tmp_path.glob("plugins/profile/*/*.xplane.pb")  # Steps 3 and 4, a trace of them.
+    assert b"train_step" in trace.read_bytes()
     logged = [m for m in map(LINE.fullmatch, lines) if m]
     assert [(int(m["epoch"]), int(m["step"])) for m in logged] == [(e, s) for e in (1, 2) for s in range(1, 5)]
     for m in logged:
