@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -114,7 +115,6 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if not manager and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
     check_seconds("start_timeout", timeout_s, LONGEST_S - 30)  # JAX's deadline is 30 s later.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or f"{manager}'s coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
     if not (isinstance(heartbeat_s, int) and 1 <= heartbeat_s <= LONGEST_S):
@@ -122,9 +122,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
                          f"{LONGEST_S}, got {heartbeat_s}")
     options = {"initialization_timeout": int(timeout_s) + 30, "heartbeat_timeout_seconds": heartbeat_s}
     if coordinator:
-        options["coordinator_bind_address"] = bind or coordinator
+        bind = bind or os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")  # JAX's own, if set.
         if process_id == 0:
-            _check_free(options["coordinator_bind_address"])
+            if not bind:
+                _check_reachable(coordinator)
+            _check_free(bind or coordinator)
+        options["coordinator_bind_address"] = bind or coordinator
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     address = coordinator
     if coordinator and process_id != 0:
         global _relay
@@ -159,6 +163,30 @@ def _end_soon(grace_s: float) -> None:
     timer = threading.Timer(grace_s, end)
     timer.daemon = True
     timer.start()
+
+
+def _check_reachable(coordinator: str) -> None:
+    """Refuse a coordinator named by a host name that resolves to a loopback address here (as a
+    Debian or Ubuntu host's own name does, to 127.0.1.1): bound there, no other host reaches it."""
+    host = coordinator.rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return  # An address, not a name: where it listens is what was asked for.
+    except ValueError:
+        pass
+    if host == "localhost":
+        return
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return  # JAX reports a name it cannot resolve when it starts.
+    if found and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found):
+        port = coordinator.rpartition(":")[2]
+        raise ParamError("coordinator_bind", (
+            f"--coordinator {coordinator} resolves to {', '.join(sorted(found))} on this host, a "
+            f"loopback address no other host can reach: pass {{}} 0.0.0.0:{port} (or this host's "
+            f"own address) for processes on other hosts, or --coordinator 127.0.0.1:{port} for a "
+            "run on this machine"))
 
 
 def _check_free(address: str) -> None:

@@ -407,3 +407,31 @@ def test_a_cluster_managers_processes_form_one_run_unless_single_process(monkeyp
     assert distributed.initialize(managed=False) is False
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")  # mpirun -n 1: one process, no run to join.
     assert distributed.cluster_manager() is None and distributed.requested_processes() == 1
+
+
+def test_a_coordinator_name_that_resolves_to_loopback_is_refused_naming_coordinator_bind(monkeypatch):
+    """A Debian or Ubuntu host maps its own name to 127.0.1.1: the coordinator would listen
+    there, out of other hosts' reach, and they would wait out --start-timeout. An address, or
+    a bind address of JAX's own variable, is taken as given."""
+    from jax_dp import distributed
+    from jax_dp.errors import ParamError
+
+    resolve = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))] if host == "hosta"
+        else resolve(host, *a, **k))
+    monkeypatch.delenv("JAX_COORDINATOR_BIND_ADDRESS", raising=False)
+    with pytest.raises(ParamError) as e:
+        distributed.initialize("hosta:12345", 2, 0)
+    assert e.value.spelled(lambda name: "--" + name.replace("_", "-")) == (
+        "--coordinator hosta:12345 resolves to 127.0.1.1 on this host, a loopback address no "
+        "other host can reach: pass --coordinator-bind 0.0.0.0:12345 (or this host's own "
+        "address) for processes on other hosts, or --coordinator 127.0.0.1:12345 for a run on "
+        "this machine")
+    distributed._check_reachable("127.0.1.1:12345")  # An address: what was asked for.
+    distributed._check_reachable("localhost:12345")
+    port = free_port()  # JAX's own variable is a bind address given: the start goes on to it.
+    with socket.create_server(("127.0.0.1", port)):
+        monkeypatch.setenv("JAX_COORDINATOR_BIND_ADDRESS", f"127.0.0.1:{port}")
+        with pytest.raises(ValueError, match=f"cannot start the coordinator at 127.0.0.1:{port}"):
+            distributed.initialize("hosta:12345", 2, 0)
