@@ -4,6 +4,7 @@ it with one line on stderr."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -30,6 +31,9 @@ def run(main: Callable[[argparse.Namespace], None],
     (--batch-size). tcmalloc is preloaded first, before JAX is imported.
     """
     with_tcmalloc()
+    # Orbax logs every save and TFDS its loading through absl; a failure among them is reported
+    # in one line. The command shows its own lines only.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     prog = f"python -m {getattr(sys.modules['__main__'].__spec__, 'name', 'experiments')}"
     for signum in (signal.SIGINT, signal.SIGTERM):  # Until train() records them between steps.
         signal.signal(signum, lambda n, _: leave(128 + n, f"{prog}: interrupted "

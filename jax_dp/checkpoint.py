@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import logging
 import os
 import stat
 import sys
@@ -21,11 +20,6 @@ from jax_dp import distributed
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 from jax_dp.models import per_device_state
-
-# Orbax logs every save at INFO/WARNING, and a failed one at ERROR, before raising what
-# Checkpointer reports in one line.
-logging.getLogger("absl").setLevel(logging.CRITICAL)
-
 
 def _quiet_closed_loops(unraisable, default=sys.unraisablehook) -> None:
     # After a failed TensorStore read (a damaged checkpoint), its threads still call back into

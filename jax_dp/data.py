@@ -5,22 +5,24 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import socket
-import sys
 import urllib.parse
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-import absl.logging
 import jax
 import numpy as np
 
 from jax_dp import fashion_mnist, files
 from jax_dp.config import DATA_SOURCES
 from jax_dp.errors import ParamError, check_choice
+
+# Said once, at WARNING so that it shows without any logging set up: preparing takes a while.
+logger = logging.getLogger(__name__)
 
 
 class Split(NamedTuple):
@@ -97,12 +99,12 @@ def _prepare(tfds_dir, idx_dir, url, checksums=None):
         tfds.disable_progress_bar()
         if url is None:
             fashion_mnist.check_source(idx_dir)
-            print(f"preparing Fashion-MNIST from {idx_dir} into {tfds_dir} (once)", file=sys.stderr)
+            logger.warning(f"preparing Fashion-MNIST from {idx_dir} into {tfds_dir} (once)")
             builder.download_and_prepare(
                 download_config=tfds.download.DownloadConfig(manual_dir=str(idx_dir)))
         else:
-            print(f"downloading Fashion-MNIST from {url} and preparing it into {tfds_dir} (once)",
-                  file=sys.stderr)
+            logger.warning(f"downloading Fashion-MNIST from {url} and preparing it into "
+                           f"{tfds_dir} (once)")
             builder.url, builder.checksums = url, checksums and str(checksums)
             _download_and_prepare(builder, Path(tfds_dir) / "downloads" / builder.name)
         record_checksums(Path(builder.data_dir))
@@ -201,8 +203,6 @@ def load_fashion_mnist(split: str, *, source: str = "auto", tfds_dir=None,
     same verified bytes. checksums: a TFDS checksums file for a mirror's url."""
     check_choice("split", split, tuple(fashion_mnist.SPLITS))
     tfds_dir = tfds_dir or default_data_dir()
-    # TFDS logs info and warnings, Orbax failed saves (reported in one line): none are for users.
-    absl.logging.set_verbosity(absl.logging.FATAL)
     check_choice("data", source, DATA_SOURCES)
     builder = _prepared_builder(tfds_dir, source, idx_dir, url, checksums)
     folder = Path(builder.data_dir)

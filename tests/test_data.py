@@ -352,3 +352,14 @@ def test_an_interrupted_download_leaves_nothing_a_later_run_trusts(tmp_path):
                                              r"nothing was prepared, and the download was deleted"):
             data.load_fashion_mnist("test", source="download", tfds_dir=tfds_dir, url=url)
     assert unprepared(tfds_dir) and not (tfds_dir / "downloads" / "fashion_mnist_idx").exists()
+
+
+def test_importing_the_library_silences_no_logger_and_its_notices_are_logged():
+    """Logging is the caller's: the library sets no level at import, and says that it prepares
+    the data through its own named logger (the CLI shows only its own lines)."""
+    script = ("import logging; from jax_dp import checkpoint, data, train; "
+              "print(logging.getLogger('absl').level, logging.getLogger('absl').disabled, "
+              "data.logger.name)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "False", "jax_dp.data"]
