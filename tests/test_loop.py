@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from jax_dp import checkpoint, data, feeds, train
+from jax_dp import checkpoint, data, feeds, progress, train
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.errors import ParamError
 
@@ -137,15 +137,17 @@ def test_the_progress_bar_counts_every_step_of_every_call(monkeypatch):
             self.total, self.count = total, initial
             bars.append(self)
 
+        disable = False  # Shown, as on a terminal.
+
         def update(self, n=1):
             self.count += n
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *_):
+        def set_postfix_str(self, *_, **__):
             pass
 
-    monkeypatch.setattr(train.tqdm, "tqdm", Bar)
+        def close(self):
+            pass
+
+    monkeypatch.setattr(progress.tqdm, "tqdm", Bar)
     train.train(RUN, SPLIT, SPLIT, RunOptions(steps_per_call=PER_CALL, progress=True), log=quiet)
     assert [(b.total, b.count) for b in bars] == [(7, 7), (7, 7)]
