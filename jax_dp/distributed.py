@@ -79,7 +79,10 @@ def requested_rank(process_id: int | None = None, managed: bool = True) -> int:
     if process_id is not None:
         return process_id
     manager = MANAGERS.get(cluster_manager() if managed else None)
-    return _env_int("JAX_PROCESS_ID") or (manager and _env_int(manager[1])) or 0
+    for rank in (_env_int("JAX_PROCESS_ID"), manager and _env_int(manager[1])):
+        if rank is not None:
+            return rank
+    return 0
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,

@@ -405,6 +405,9 @@ def test_a_cluster_managers_processes_form_one_run_unless_single_process(monkeyp
     assert (distributed.requested_processes(), distributed.requested_rank()) == (3, 2)
     assert (distributed.requested_processes(managed=False), distributed.requested_rank(managed=False)) == (1, 0)
     assert distributed.initialize(managed=False) is False
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")  # What the user set wins, 0 too.
+    assert distributed.requested_rank() == 0
+    monkeypatch.delenv("JAX_PROCESS_ID")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")  # mpirun -n 1: one process, no run to join.
     assert distributed.cluster_manager() is None and distributed.requested_processes() == 1
 
