@@ -19,7 +19,8 @@ def with_tcmalloc() -> None:
     """Re-run this process with tcmalloc preloaded when it is installed: XLA:CPU runs ~2x faster."""
     if os.path.exists(TCMALLOC) and "tcmalloc" not in os.environ.get("LD_PRELOAD", "") \
             and not os.environ.get("JAX_DP_NO_TCMALLOC"):
-        env = dict(os.environ, LD_PRELOAD=TCMALLOC)
+        preload = os.environ.get("LD_PRELOAD")  # Kept, after tcmalloc.
+        env = dict(os.environ, LD_PRELOAD=f"{TCMALLOC}:{preload}" if preload else TCMALLOC)
         os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
 
 

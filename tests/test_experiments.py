@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +205,18 @@ def test_each_run_of_several_writes_its_events_in_a_folder_of_its_own():
     config = TrainConfig(devices=2, batch_size=64, lr=0.2)
     assert logdir_of(None, config, 2) is None and logdir_of("tb", config, 1) == "tb"
     assert logdir_of("tb", config, 2) == "tb/devices2-bs64-lr0.2"
+
+
+def test_tcmalloc_is_preloaded_ahead_of_what_ld_preload_holds():
+    """Catches the user's LD_PRELOAD replaced by tcmalloc's when a command re-executes itself."""
+    from experiments import process
+
+    if not os.path.exists(process.TCMALLOC):
+        pytest.skip("tcmalloc is not installed (make setup installs Debian's libtcmalloc-minimal4)")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_DP_NO_TCMALLOC"}
+    env["LD_PRELOAD"] = "/lib/x86_64-linux-gnu/libc.so.6"
+    out = subprocess.run([sys.executable, "-c", "from experiments import process; "
+                          "process.with_tcmalloc(); import os; print(os.environ['LD_PRELOAD'])"],
+                         capture_output=True, text=True, timeout=60, env=env,
+                         cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == f"{process.TCMALLOC}:/lib/x86_64-linux-gnu/libc.so.6", out.stderr
