@@ -33,17 +33,20 @@ def described(config: TrainConfig, platform: str) -> str:
 
 
 def optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """SGD at config.lr, reached linearly from 0 over config.warmup_epochs."""
-    warmup_steps = round(config.warmup_epochs * steps_per_epoch(config))
-    return optax.sgd(learning_rate(config) if warmup_steps else config.lr)
+    """SGD at learning_rate(config); a constant lr as a number (no step count in its state)."""
+    return optax.sgd(learning_rate(config) if _warmup_steps(config) else config.lr)
 
 
 def learning_rate(config: TrainConfig) -> optax.Schedule:
     """The learning rate at each global step: config.lr, reached linearly from 0 over
     config.warmup_epochs."""
-    warmup_steps = round(config.warmup_epochs * steps_per_epoch(config))
+    warmup_steps = _warmup_steps(config)
     return optax.linear_schedule(0.0, config.lr, warmup_steps) if warmup_steps else \
         optax.constant_schedule(config.lr)
+
+
+def _warmup_steps(config: TrainConfig) -> int:
+    return round(config.warmup_epochs * steps_per_epoch(config))
 
 
 def steps_per_epoch(config: TrainConfig) -> int:

@@ -94,7 +94,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     Values not given come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
     JAX_PROCESS_ID (what experiments.launch sets); started by a cluster manager (MANAGERS:
     SLURM's srun, Open MPI's mpirun) as one of several processes, JAX finds them itself, unless
-    not managed (one process, whatever the environment says). Must run after simulating CPU devices, before any JAX operation.
+    not managed (one process, whatever the environment says). Must run after simulating CPU
+    devices, before any JAX operation.
     Process 0's coordinator listens on bind (HOST:PORT; default the coordinator's own address,
     so a loopback coordinator is not reachable from other machines). Joining takes at most
     timeout_s seconds, then is refused in one line; a signal meanwhile is handled at once.

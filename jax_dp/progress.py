@@ -49,7 +49,7 @@ class Progress:
         accuracy so far), waiting for the steps, and is called only when a line is due."""
         now = self.clock()
         self.steps += n
-        left = (self.epochs - epoch - 1) * self.per_epoch + self.per_epoch - step
+        left = (self.epochs - epoch) * self.per_epoch - step  # Steps to the run's end.
         rate = self.steps / max(now - self.started, 1e-9)  # Steps a second.
         self.bar.update(n)
         if not self.bar.disable:

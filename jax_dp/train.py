@@ -260,9 +260,14 @@ def _epoch_result(program: Program, state: TrainState, metrics: dict, position: 
             "train_acc": sums["correct"] / sums["count"]}
 
 
+def _host_sums(backend: Backend, metrics: dict) -> dict:
+    """The epoch's running sums on the host (waiting for its steps)."""
+    return {k: v.item() for k, v in backend.unreplicate(metrics).items()}
+
+
 def _running(backend: Backend, metrics: dict) -> tuple[float, float]:
-    """The epoch's training loss and accuracy so far (waiting for its steps)."""
-    sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
+    """The epoch's training loss and accuracy so far."""
+    sums = _host_sums(backend, metrics)
     return sums["loss_sum"] / max(sums["count"], 1), sums["correct"] / max(sums["count"], 1)
 
 
@@ -288,7 +293,7 @@ def _check_finite(backend: Backend, metrics: dict, position: Position,
                   state: TrainState) -> dict:
     """The epoch's sums on the host; NonFiniteError if a step went non-finite, naming it and
     what went (the loss, or the first param whose gradient did)."""
-    sums = {k: v.item() for k, v in backend.unreplicate(metrics).items()}
+    sums = _host_sums(backend, metrics)
     if sums["first_bad"] >= 0:
         part = sums["bad_part"]
         what = ("the loss" if part == 0 else
