@@ -1,14 +1,16 @@
 # Two commands do all set-up: `make lenet` runs the book's experiment, `make test` the tests.
 # Anywhere pip runs: a venv with the package; on Debian or Ubuntu, where apt-get may run
 # without a password (as root, or with passwordless sudo), also Debian's Fashion-MNIST,
-# tcmalloc and Open MPI's mpirun (for its test). Elsewhere the data is downloaded on first use
-# (--data auto), and tcmalloc, a speed-up only, and mpirun are skipped: said once, never asked for.
+# tcmalloc, and Open MPI's mpirun and SLURM (for their test). Elsewhere the data is downloaded on
+# first use (--data auto), and tcmalloc, a speed-up only, mpirun and SLURM are skipped: said
+# once, never asked for.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DATA := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 MPIRUN := /usr/bin/mpirun
+SLURM := /usr/sbin/slurmctld
 # apt-get as root, or through sudo only where it needs no password (-n never prompts).
 APT := $(shell command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] && echo apt-get \
 	|| { sudo -n true 2>/dev/null && echo "sudo -n apt-get"; }; })
@@ -36,11 +38,11 @@ $(VENV)/installed: pyproject.toml
 	  || { rm -rf $(VENV); echo "set-up: installing into $(VENV) failed (above); nothing was kept" >&2; exit 1; }
 
 debian-packages:
-	@if [ -e $(DATA) ] && [ -e $(TCMALLOC) ] && [ -e $(MPIRUN) ]; then :; \
+	@if [ -e $(DATA) ] && [ -e $(TCMALLOC) ] && [ -e $(MPIRUN) ] && [ -e $(SLURM) ]; then :; \
 	elif [ -n "$(APT)" ]; then $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install \
-	  -y -qq dataset-fashion-mnist libtcmalloc-minimal4 openmpi-bin \
-	  || echo "set-up: apt-get could not install dataset-fashion-mnist, libtcmalloc-minimal4 and \
-	openmpi-bin; going on without them (the data is downloaded on first use)" >&2; \
+	  -y -qq dataset-fashion-mnist libtcmalloc-minimal4 openmpi-bin slurm-wlm \
+	  || echo "set-up: apt-get could not install dataset-fashion-mnist, libtcmalloc-minimal4, \
+	openmpi-bin and slurm-wlm; going on without them (the data is downloaded on first use)" >&2; \
 	else echo "set-up: no apt-get without a password here: skipped Debian's dataset-fashion-mnist \
-	(the data is downloaded on first use instead), tcmalloc (a speed-up only) and openmpi-bin (its \
-	test skips)" >&2; fi
+	(the data is downloaded on first use instead), tcmalloc (a speed-up only), openmpi-bin and \
+	slurm-wlm (their test skips)" >&2; fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import os
@@ -54,23 +55,41 @@ def lost_process(error: BaseException) -> tuple[str, str] | None:
 
 # Cluster managers that start every process of a run, each by the variables holding the process
 # count and this process's rank; JAX's own detection (jax.distributed.initialize given no
-# address) finds their coordinator.
+# address) finds their coordinator. A Cloud TPU slice on GKE counts its hosts in a list; a
+# Kubernetes indexed Job numbers its pods, and JAX_NUM_PROCESSES says how many (its completions).
 MANAGERS = {"SLURM": ("SLURM_NTASKS", "SLURM_PROCID"),
-            "Open MPI's mpirun": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")}
+            "Open MPI's mpirun": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+            "Cloud TPU": ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"),
+            "a Kubernetes indexed Job": ("JAX_NUM_PROCESSES", "JOB_COMPLETION_INDEX")}
+
+
+def _manager_count(name: str) -> int | None:
+    """The process count that cluster manager's variables give, None where it did not start us."""
+    count, rank = MANAGERS[name]
+    if name == "Cloud TPU":
+        hosts = os.environ.get(count)
+        return hosts and len(hosts.split(","))
+    if name == "a Kubernetes indexed Job":
+        if rank not in os.environ:
+            return None
+        if count not in os.environ:
+            raise ValueError("the pods of a Kubernetes indexed Job form one run: set "
+                             "JAX_NUM_PROCESSES to the Job's completions (or pass "
+                             "--single-process for a run in each pod)")
+    return _env_int(count)
 
 
 def cluster_manager() -> str | None:
     """The cluster manager that started this process as one of several, if any."""
-    return next((name for name, (count, _) in MANAGERS.items() if (_env_int(count) or 1) > 1),
-                None)
+    return next((name for name in MANAGERS if (_manager_count(name) or 1) > 1), None)
 
 
 def requested_processes(num_processes: int | None = None, managed: bool = True) -> int:
     """How many processes the run has: the flag, $JAX_NUM_PROCESSES, the cluster manager's count
     (unless not managed), or 1."""
     _check_count(num_processes)
-    manager = MANAGERS.get(cluster_manager() if managed else None)
-    return num_processes or _env_int("JAX_NUM_PROCESSES") or (manager and _env_int(manager[0])) or 1
+    manager = cluster_manager() if managed else None
+    return num_processes or _env_int("JAX_NUM_PROCESSES") or (manager and _manager_count(manager)) or 1
 
 
 def requested_rank(process_id: int | None = None, managed: bool = True) -> int:
@@ -92,10 +111,10 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     """Join a multi-process run, if one is asked for; True when this process is in one.
 
     Values not given come from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-    JAX_PROCESS_ID (what experiments.launch sets); started by a cluster manager (MANAGERS:
-    SLURM's srun, Open MPI's mpirun) as one of several processes, JAX finds them itself, unless
-    not managed (one process, whatever the environment says). Must run after simulating CPU
-    devices, before any JAX operation.
+    JAX_PROCESS_ID (what experiments.launch sets). Started by a cluster manager (MANAGERS:
+    SLURM's srun, Open MPI's mpirun, Cloud TPU, a Kubernetes indexed Job) as one of several
+    processes, JAX finds them itself, unless not managed (one process, whatever the environment
+    says). Must run after simulating CPU devices, before any JAX operation.
     Process 0's coordinator listens on bind (HOST:PORT; default the coordinator's own address,
     so a loopback coordinator is not reachable from other machines). Joining takes at most
     timeout_s seconds, then is refused in one line; a signal meanwhile is handled at once.
@@ -119,6 +138,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if not manager and not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in 0..{num_processes - 1}, got {process_id}")
     check_seconds("start_timeout", timeout_s, LONGEST_S - 30)  # JAX's deadline is 30 s later.
+    if manager == "a Kubernetes indexed Job" and importlib.util.find_spec("kubernetes") is None:
+        raise ValueError("JAX finds a Kubernetes Job's coordinator through the kubernetes "
+                         "package: pip install 'jax[k8s]' (or pass --coordinator HOST:PORT)")
     where = coordinator or f"{manager}'s coordinator"
     # JAX's own deadline comes later than ours: it ends the process in C++, ours in one line.
     if not (isinstance(heartbeat_s, int) and 1 <= heartbeat_s <= LONGEST_S):
@@ -144,8 +166,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     except TimeoutError:
         raise ParamError("start_timeout", f"process {requested_rank(process_id)} could not join "
                          f"the run at {where} "
-                         f"within {timeout_s:g} s: start all {num_processes} processes with the "
-                         "same --coordinator, or pass a longer {}") from None
+                         f"within {timeout_s:g} s: start all {requested_processes(num_processes)} "
+                         "processes with the same --coordinator, or pass a longer {}") from None
     except Exception as e:  # JAX's runtime reports a port in use or a refused peer so.
         reason = " ".join(str(e).split())[:160]
         raise ValueError(f"cannot join the run at {where} ({type(e).__name__}: {reason}): pass "

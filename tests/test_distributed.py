@@ -1,6 +1,7 @@
 """Several processes, one run: 2 processes x 2 CPU devices train like 1 process x 4."""
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -56,33 +57,6 @@ def test_two_processes_train_like_one_process_with_as_many_devices(tmp_path):
         assert step_two == step_one == 2 * 10
         # The same per-device work; only the cross-process sum (gloo) adds in another order.
         assert divergence.max_rel_diff(two_state, one_state) <= 1e-6
-
-
-def test_mpirun_starts_one_run_not_copies(tmp_path):
-    """Open MPI's mpirun -n 2, found through JAX's own detection: one run of 2 processes, its
-    lines printed and its JSON written once, the launcher's history and state bit for bit.
-    Copies (each process a run of its own) printed every line twice."""
-    if shutil.which("mpirun") is None:
-        pytest.skip("Open MPI's mpirun is not installed (make setup installs Debian's openmpi-bin)")
-    flags = ["--devices", "2", "--train-examples", "256", "--test-examples", "64", "--epochs",
-             "2", "--batch-size", "64", "--no-progress", "--steps-per-call", "1"]
-
-    def run(name, *start):
-        proc = subprocess.run([*start, sys.executable, "-m", "experiments.lenet", *flags,
-                               "--json", str(tmp_path / f"{name}.json"),
-                               "--checkpoint-dir", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.count("epoch 1, time") == 1, proc.stdout
-        (one,) = json.loads((tmp_path / f"{name}.json").read_text())["runs"]
-        return [{k: v for k, v in e.items() if k != "time_s"} for e in one["epochs"]], \
-            final_state(tmp_path / name)
-
-    mpi = run("mpi", "mpirun", "--allow-run-as-root", "--bind-to", "none", "-n", "2")
-    launched = run("launched", sys.executable, "-m", "experiments.launch", "--processes", "2", "--")
-    assert mpi[0] == launched[0] and mpi[1][0] == launched[1][0] == 8
-    assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
-               for a, b in zip(jax.tree.leaves(mpi[1][1]), jax.tree.leaves(launched[1][1])))
 
 
 def test_a_resnet_as_two_processes_trains_like_one_process(tmp_path):
@@ -392,24 +366,58 @@ def test_every_field_has_a_value_to_disagree_on():
     assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)} - {"options"}
 
 
-def test_a_cluster_managers_processes_form_one_run_unless_single_process(monkeypatch):
-    """mpirun's and srun's variables give the process count and rank; --single-process ignores
-    them (each process a run of its own) and joins nothing."""
+MANAGED = {"SLURM": {"SLURM_NTASKS": "3", "SLURM_PROCID": "2"},
+           "Open MPI's mpirun": {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"},
+           "Cloud TPU": {"TPU_WORKER_HOSTNAMES": "t0,t1,t2", "TPU_WORKER_ID": "2"},
+           "a Kubernetes indexed Job": {"JOB_COMPLETION_INDEX": "2", "JAX_NUM_PROCESSES": "3"}}
+
+
+@pytest.mark.parametrize("manager", sorted(MANAGED))
+def test_a_cluster_managers_processes_form_one_run_unless_single_process(manager, monkeypatch):
+    """Each manager's variables give the process count and rank, and JAX's own detection is
+    handed only what the user gave; --single-process ignores them (each process a run of its
+    own) and joins nothing. Cloud TPU and Kubernetes are checked here only: no local install."""
     from jax_dp import distributed
 
-    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS"):
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
+                 *(v for variables in MANAGED.values() for v in variables)):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "3")
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
-    assert distributed.cluster_manager() == "Open MPI's mpirun"
+    for name, value in MANAGED[manager].items():
+        monkeypatch.setenv(name, value)
+    assert distributed.cluster_manager() == manager
     assert (distributed.requested_processes(), distributed.requested_rank()) == (3, 2)
-    assert (distributed.requested_processes(managed=False), distributed.requested_rank(managed=False)) == (1, 0)
-    assert distributed.initialize(managed=False) is False
+    if manager != "a Kubernetes indexed Job":  # Whose count is JAX's own variable, set by the user.
+        assert (distributed.requested_processes(managed=False),
+                distributed.requested_rank(managed=False)) == (1, 0)
+        assert distributed.initialize(managed=False) is False
+    joined = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: joined.append(a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: name)  # kubernetes installed.
+    assert distributed.initialize() is True
+    assert joined == [(None, 3 if manager == "a Kubernetes indexed Job" else None, None)]
     monkeypatch.setenv("JAX_PROCESS_ID", "0")  # What the user set wins, 0 too.
     assert distributed.requested_rank() == 0
-    monkeypatch.delenv("JAX_PROCESS_ID")
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")  # mpirun -n 1: one process, no run to join.
+
+
+def test_a_single_process_of_a_cluster_manager_joins_nothing(monkeypatch):
+    """mpirun -n 1 is one process, no run to join; an indexed Job's pods need their count;
+    JAX's Kubernetes detection needs the kubernetes package."""
+    from jax_dp import distributed
+
+    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
+                 *(v for variables in MANAGED.values() for v in variables)):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
     assert distributed.cluster_manager() is None and distributed.requested_processes() == 1
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
+    with pytest.raises(ValueError, match="^the pods of a Kubernetes indexed Job form one run: "
+                                         "set JAX_NUM_PROCESSES to the Job's completions"):
+        distributed.requested_processes()
+    assert distributed.requested_processes(managed=False) == 1
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"pip install 'jax\[k8s\]'"):
+        distributed.initialize()
 
 
 def test_a_coordinator_name_that_resolves_to_loopback_is_refused_naming_coordinator_bind(monkeypatch):

@@ -11,7 +11,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"python -m (experiments\.\w+)([^`|#\n]*)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])")
 # Flags the docs give to other programs, by program.
-OTHERS = {"apt-get": {"--reinstall"}, "mpirun": {"--bind-to"}}
+OTHERS = {"apt-get": {"--reinstall"}, "mpirun": {"--bind-to"}, "srun": {"--kill-on-bad-exit"}}
 
 
 def commands(text: str):
