@@ -32,6 +32,8 @@ _LOST = {"heartbeat timeout": "it stopped sending heartbeats",
 LOST_EXIT_CODE = 3
 # The relay of a process other than 0 to the run's coordinator, once it has joined.
 _relay: Relay | None = None
+# (process count, this process's rank) of the multi-process run this process joined.
+_joined: tuple[int, int] | None = None
 
 
 def lost_process(error: BaseException) -> tuple[str, str] | None:
@@ -172,6 +174,8 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         reason = " ".join(str(e).split())[:160]
         raise ValueError(f"cannot join the run at {where} ({type(e).__name__}: {reason}): pass "
                          "a free port in --coordinator, reachable from every process") from None
+    global _joined
+    _joined = requested_processes(num_processes), requested_rank(process_id)
     return True
 
 
@@ -266,16 +270,15 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     were given other configs or run options (each would apply its own lr to the same summed
     gradients, or their collectives would not match). Compared right after joining, before
     JAX's backend starts: processes that disagree on their devices cannot start it together."""
-    from jax._src import distributed as runtime  # Its key-value store: no public API in JAX 0.10.
+    from orbax.checkpoint import multihost  # The runtime's key-value store (none in jax's API).
 
-    state = runtime.global_state
-    if state.client is None or state.num_processes == 1:
+    if _joined is None:
         return
-    state.client.key_value_set(f"jax_dp/agreed/{state.process_id}",
-                               json.dumps(agreed(configs, run), sort_keys=True))
-    runs = [json.loads(state.client.blocking_key_value_get(f"jax_dp/agreed/{i}",
-                                                           int(timeout_s * 1000)))
-            for i in range(state.num_processes)]
+    processes, rank = _joined
+    client = multihost.get_jax_distributed_client()
+    client.key_value_set(f"jax_dp/agreed/{rank}", json.dumps(agreed(configs, run), sort_keys=True))
+    runs = [json.loads(client.blocking_key_value_get(f"jax_dp/agreed/{i}", int(timeout_s * 1000)))
+            for i in range(processes)]
     try:
         check_agree(runs)
     except ParamError:

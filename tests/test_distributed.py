@@ -392,9 +392,11 @@ def test_a_cluster_managers_processes_form_one_run_unless_single_process(manager
         assert distributed.initialize(managed=False) is False
     joined = []
     monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: joined.append(a))
+    monkeypatch.setattr(distributed, "_joined", None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: name)  # kubernetes installed.
     assert distributed.initialize() is True
     assert joined == [(None, 3 if manager == "a Kubernetes indexed Job" else None, None)]
+    assert distributed._joined == (3, 2)  # What the processes' agreement check counts on.
     monkeypatch.setenv("JAX_PROCESS_ID", "0")  # What the user set wins, 0 too.
     assert distributed.requested_rank() == 0
 
