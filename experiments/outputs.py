@@ -34,15 +34,21 @@ def check_writable(path: Path | None, plot: bool = False) -> None:
         plots.check_format(path)
 
 
+def check_folder(path: str, flag: str) -> None:
+    """Fail before training when flag's folder cannot be made or written (creating nothing)."""
+    files.check_folder(Path(path), flag)
+
+
 def check_apart(args, folders: list[str]) -> None:
-    """Refuse an output that is, or lies in, what the run itself manages: each run's checkpoint
-    folder (its lock, its checkpoints) and the prepared data (and its lock)."""
+    """Refuse an output (a file, or --logdir's folder) that is, or lies in, what the run itself
+    manages: each run's checkpoint folder (its lock, its checkpoints) and the prepared data
+    (and its lock)."""
     from jax_dp import data
 
     managed = [(Path(folder), "the checkpoint folder") for folder in folders]
     managed += [(path, "the prepared data") for path in
                 data.managed_paths(args.tfds_dir or data.default_data_dir())]
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+    for flag, path in (("--json", args.json), ("--plot", args.plot), ("--logdir", args.logdir)):
         if path is None:
             continue
         real = Path(os.path.realpath(path))

@@ -46,6 +46,8 @@ def train_runs(args) -> None:
     outputs.check_apart(args, [folder for folder in folders if folder])
     outputs.check_writable(args.json if primary else None)
     outputs.check_writable(args.plot if primary else None, plot=True)
+    if args.logdir and primary:
+        outputs.check_folder(args.logdir, "--logdir")
     options = RunOptions(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, step_timeout=args.step_timeout,
                          steps_per_call=args.steps_per_call, progress=args.progress,

@@ -39,6 +39,26 @@ def check(path: Path) -> None:
         raise ValueError(f"cannot write {path} (permission denied): pass a writable path")
 
 
+def check_folder(path: Path, flag: str) -> None:
+    """Refuse, before any work and creating nothing, a path a folder of outputs cannot go to:
+    flag's folder must be one, or be creatable in a writable folder."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(f"{flag} {path}: its symbolic links form a loop: pass a folder") from None
+    target = _target(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {path} is not a folder: pass a folder (or a path to make one)")
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path} cannot be made ({existing} is not a folder): pass a "
+                         "folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path} cannot be written ({existing}: permission denied): "
+                         "pass a writable folder")
+
+
 def is_stream(path: Path) -> bool:
     """Whether path is (or links to) a device or FIFO, which is written through, not replaced."""
     target = _target(path)

@@ -143,6 +143,28 @@ def test_a_symlink_loop_and_outputs_among_the_runs_own_files_are_refused(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
 
 
+def test_a_logdir_that_cannot_hold_event_files_is_refused_and_nothing_is_made(tmp_path):
+    """--logdir is a folder to make or write: a file or FIFO there, a loop of links, a folder
+    under a file, and the checkpoint folder itself are each one line, before any work."""
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    ckpt = tmp_path / "ckpt"
+    made = sorted(p.name for p in tmp_path.iterdir())
+    file, fifo, loop, under, inside = lenets(
+        ("--logdir", str(tmp_path / "file")), ("--logdir", str(tmp_path / "fifo")),
+        ("--logdir", str(tmp_path / "a")), ("--logdir", str(tmp_path / "file" / "tb")),
+        ("--checkpoint-dir", str(ckpt), "--logdir", str(ckpt / "bs64-lr0.2" / "tb")))
+    for proc, path in ((file, "file"), (fifo, "fifo")):
+        one_line(proc, 2, f"--logdir {tmp_path / path} is not a folder: pass a folder")
+    one_line(loop, 2, f"--logdir {tmp_path / 'a'}: its symbolic links form a loop: pass a folder")
+    one_line(under, 2, f"--logdir {tmp_path / 'file' / 'tb'} cannot be made ({tmp_path / 'file'} "
+                       "is not a folder)")
+    one_line(inside, 2, f"--logdir {ckpt / 'bs64-lr0.2' / 'tb'} is in the checkpoint folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == made
+
+
 def test_a_fifo_output_gets_one_document_at_the_end_and_never_hangs_the_run(tmp_path):
     """Catches a FIFO written after every epoch (the second open waited forever for a reader
     that had read once) or one without a reader that blocks: `cat fifo > copy` reads the whole
