@@ -39,7 +39,7 @@ def run(main: Callable[[argparse.Namespace], None],
     for signum in (signal.SIGINT, signal.SIGTERM):  # Until train() records them between steps.
         signal.signal(signum, lambda n, _: leave(128 + n, f"{prog}: interrupted "
                                                  f"({signal.Signals(n).name})"))
-    from jax_dp.errors import ParamError
+    from jax_dp.errors import NamingError, ParamError
 
     try:
         p = make_parser()
@@ -50,7 +50,7 @@ def run(main: Callable[[argparse.Namespace], None],
 
     try:
         main(args)
-    except ParamError as e:
+    except NamingError as e:  # Bad values, or a run that went non-finite: named as flags.
         leave(2, f"{p.prog}: error: {e.spelled(p.flag)}")
     except ValueError as e:
         leave(2, f"{p.prog}: error: {e}")

@@ -1,10 +1,10 @@
-"""One error type for bad input: it names the parameters, so each caller can name its own flags."""
+"""Errors whose message names parameters, so each caller can name its own flags."""
 
 from __future__ import annotations
 
 
-class ParamError(ValueError):
-    """A bad value of named parameters; the message is a template with a {} per name.
+class NamingError(Exception):
+    """An error whose message names parameters; the message is a template with a {} per name.
 
     str() writes the library's names (`batch_size must be at least 1, got 0`); a command
     line passes its own spelling of each name to `spelled` (`--batch-size must be ...`).
@@ -18,6 +18,10 @@ class ParamError(ValueError):
     def spelled(self, spell) -> str:
         """The message with each parameter written as spell(name)."""
         return self.template.format(*map(spell, self.params))
+
+
+class ParamError(NamingError, ValueError):
+    """A bad value of named parameters."""
 
 
 def check_choice(param: str, value, choices) -> str:

@@ -16,7 +16,7 @@ from jax_dp.backends import Backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
-from jax_dp.errors import ParamError
+from jax_dp.errors import NamingError, ParamError
 from jax_dp.events import Events, Trace
 from jax_dp.models import model_options
 from jax_dp.program import Program
@@ -24,8 +24,9 @@ from jax_dp.progress import Progress
 from jax_dp.step import TrainState, init_state
 
 
-class NonFiniteError(ParamError):
-    """The loss or a gradient stopped being a finite number (a diverging run, or bad data)."""
+class NonFiniteError(NamingError):
+    """The loss or a gradient stopped being a finite number (a diverging run, or bad data); the
+    message names the parameter to lower if it diverged."""
 
 
 class Interrupted(Exception):

@@ -84,6 +84,14 @@ def test_bad_values_are_one_line_before_training(flags, message, bad_value_runs)
     one_line(bad_value_runs[tuple(flags)], 2, message)
 
 
+def test_a_diverging_run_is_one_line_naming_the_flag_to_lower():
+    """A non-finite loss is not a bad value, yet its line names --lr as the command spells it."""
+    (run,) = lenets(("--lr", "1e30", "--epochs", "1"))
+    one_line(run, 2, "error: the loss became non-finite at epoch 1, step 2; training stopped "
+                     "with the last good state (and checkpoint): if the loss was diverging, "
+                     "lower --lr; otherwise look for a non-finite value in that step's data")
+
+
 MEASUREMENT_COUNTS = [
     ("exact_cost", ["--steps", "0"], "--steps: must be an integer of at least 1, got '0'"),
     ("exact_cost", ["--rounds", "x"], "--rounds: must be an integer of at least 1, got 'x'"),
