@@ -42,11 +42,11 @@ def worker(spec: dict) -> dict:
         from experiments.measure import torch_peer
 
         return torch_peer.time_steps(spec["model"], batches, spec["repeats"], threads=os.cpu_count())
-    from jax_dp import devices, models
+    from jax_dp import assembly, devices
     from experiments.measure import timing
 
     devices.simulate_cpu_devices(spec["devices"])
-    model = models.get_model(spec["model"], **spec["options"])
+    model = assembly.make_model(spec["model"], **spec["options"])
     result = timing.time_steps(model, "pmap", devices.get_devices(spec["devices"]), batches,
                                   spec["repeats"])
     return {**result, "flops_per_step": timing.step_flops(model, spec["batch_size"])}

@@ -20,7 +20,7 @@ GENERIC = {"batch_size": 256, "lr": 0.1}
 
 def main(args) -> None:
     """Run the comparison and print its table."""
-    from jax_dp import data, devices, models
+    from jax_dp import assembly, data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
     from experiments.measure import divergence
 
@@ -48,7 +48,7 @@ def main(args) -> None:
     import jax
 
     with jax.enable_x64(dtype == "float64"):
-        result = divergence.compare(models.get_model(args.model, **options), batches,
+        result = divergence.compare(assembly.make_model(args.model, **options), batches,
                                 [divergence.Config(b, k) for b in args.backends for k in args.devices],
                                 lr=lr, seed=args.seed, dtype=dtype, exact=args.exact)
     result.update(model=args.model, options=options, batch_size=batch_size, lr=lr,

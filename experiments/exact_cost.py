@@ -14,7 +14,7 @@ from experiments import cli, outputs, process, xla_options
 
 def main(args) -> None:
     """Time both modes, print the table, write the JSON."""
-    from jax_dp import data, devices, models
+    from jax_dp import assembly, data, devices, models
     from jax_dp.config import MICRO_BATCHES, check_exact
 
     outputs.check_writable(args.json)
@@ -27,7 +27,7 @@ def main(args) -> None:
 
     from experiments.measure.timing import time_exact
 
-    model = models.get_model(args.model, **options)
+    model = assembly.make_model(args.model, **options)
     split = data.load_fashion_mnist("train", limit=args.steps * args.batch_size)
     batches = list(data.batches(split, args.batch_size, pad_to=MICRO_BATCHES))
     rows = []

@@ -60,7 +60,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
     XLA:CPU, and XLA's own, the default elsewhere)."""
     import numpy as np
 
-    from jax_dp import models
+    from jax_dp import assembly
     from experiments.measure import timing
 
     rng = np.random.default_rng(0)
@@ -69,7 +69,7 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
                 "mask": np.ones(sizes["resnet_batch"], np.float32)} for _ in range(sizes["resnet_steps"])]
     rows = []
     for grads in ("canonical", "xla"):
-        timed = timing.time_steps(models.get_model(sizes["resnet"], conv_grads=grads), "single",
+        timed = timing.time_steps(assembly.make_model(sizes["resnet"], conv_grads=grads), "single",
                                      [device], batches, repeats=2, lr=0.1)
         step_s = float(np.median(timed["step_s"]))
         rows.append({"conv_grads": grads, "batch_size": sizes["resnet_batch"],
@@ -80,12 +80,12 @@ def resnet18_book(sizes: dict, device) -> list[dict]:
 
 def agreement(sizes: dict, train_data, devices: int) -> list[dict]:
     """LeNet's float32 params after some steps on every backend against one device (jax.jit)."""
-    from jax_dp import data, models
+    from jax_dp import assembly, data
     from experiments.measure import divergence
 
     batches = list(data.batches(train_data, sizes["lenet_batch"]))[:sizes["compare_steps"]]
     counts = sorted({1, devices})
-    result = divergence.compare(models.get_model("lenet"), batches,
+    result = divergence.compare(assembly.make_model("lenet"), batches,
                             [divergence.Config(b, k) for b in ("pmap", "shard_map", "jit") for k in counts],
                             lr=0.2)
     return [{"backend": r["backend"], "devices": r["devices"], "max_rel_diff": r["max_rel_diff"]}
@@ -97,11 +97,11 @@ def exact_cost(sizes: dict, train_data, device) -> dict:
     sizes["exact_pairs"] pairs' ratios, each pair timing the normal step, then the exact one."""
     import numpy as np
 
-    from jax_dp import data, models
+    from jax_dp import assembly, data
     from jax_dp.config import MICRO_BATCHES
     from experiments.measure.timing import time_exact
 
-    model = models.get_model("lenet")
+    model = assembly.make_model("lenet")
     batches = list(data.batches(train_data, sizes["lenet_batch"], pad_to=MICRO_BATCHES))
     batches = (batches * sizes["exact_steps"])[:sizes["exact_steps"]]
     normal, exact = time_exact(model, [device], batches, sizes["exact_pairs"])

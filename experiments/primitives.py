@@ -29,7 +29,7 @@ def main(args) -> None:
     import numpy as np
     import optax
 
-    from jax_dp import assembly, models, parallel, step as step_lib
+    from jax_dp import assembly, parallel, step as step_lib
     from jax_dp.models.lenet import init_lenet, lenet
 
     devs = devices.get_devices(2)
@@ -62,7 +62,7 @@ def main(args) -> None:
     for i in range(2):
         print(" ", show(shards.addressable_data(i)[0]))
 
-    model, tx = models.get_model("lenet"), optax.sgd(0.2)
+    model, tx = assembly.make_model("lenet"), optax.sgd(0.2)
     on_two = assembly.build(model, tx, "pmap", devs)
     state, metrics = on_two.place(step_lib.init_state(model, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)

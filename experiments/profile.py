@@ -19,11 +19,11 @@ def main(args) -> None:
     if args.pairs and args.peer != "torch":
         raise ValueError("--pairs alternates jax_dp's step with PyTorch's: add --peer torch")
     xla_options.use(args.model)
-    from jax_dp import models
+    from jax_dp import assembly
     from experiments.measure import op_times
 
     options = {}
-    ours = op_times.step_profile(models.get_model(args.model, **options), args.batch_size,
+    ours = op_times.step_profile(assembly.make_model(args.model, **options), args.batch_size,
                                 args.repeats)
     peer = None
     if args.peer == "torch":
@@ -47,10 +47,10 @@ def alternated_steps(model: str, options: dict, batch_size: int, pairs: int) -> 
     import jax
     import numpy as np
 
-    from jax_dp import models
+    from jax_dp import assembly
     from experiments.measure import timing, op_times, torch_peer
 
-    compiled, *arguments = timing.single_step(models.get_model(model, **options), batch_size)
+    compiled, *arguments = timing.single_step(assembly.make_model(model, **options), batch_size)
     ours, theirs = op_times.alternate(lambda: jax.block_until_ready(compiled(*arguments)),
                                      torch_peer.step_on_zeros(model, batch_size), pairs)
     return {"jax_s": ours, "torch_s": theirs, "jax_s_median": float(np.median(ours)),

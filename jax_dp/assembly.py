@@ -9,20 +9,34 @@ from typing import Sequence
 import jax
 import optax
 
-from jax_dp import data, schemes
+from jax_dp import data, models, schemes
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.exact import steps as exact_steps
-from jax_dp.models import auto_choices, get_model
+from jax_dp.models import get_model
 from jax_dp.models.model import Model
 from jax_dp.models.precision import computing_in
 from jax_dp.program import Program
 from jax_dp.step import make_steps
+from jax_dp.xla_cpu import auto_choices
+
+
+def make_model(name: str, platform: str | None = None, **options) -> Model:
+    """The model called name with options, built for platform (default: JAX's default
+    backend's): a model that convolves gets the platform's convolution (jax_dp.xla_cpu) as its
+    conv_grads option asks."""
+    if "conv_grads" not in models.model_options(name, options):
+        return get_model(name, **options)
+    from jax_dp.xla_cpu.conv import convolution
+
+    options = models.model_options(name, options)
+    return get_model(name, convolution(options.pop("conv_grads"), platform or jax.default_backend()),
+                     **options)
 
 
 def model_for(config: TrainConfig, platform: str) -> Model:
     """config's model with its options, built for platform, computing in config.compute_dtype."""
-    return computing_in(get_model(config.model, platform, **config.options), config.compute_dtype)
+    return computing_in(make_model(config.model, platform, **config.options), config.compute_dtype)
 
 
 def described(config: TrainConfig, platform: str) -> str:

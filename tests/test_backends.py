@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import data, models, parallel, schemes, train
+from jax_dp import assembly, data, parallel, schemes, train
 from experiments.measure import divergence
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
@@ -16,7 +16,7 @@ from jax_dp.devices import get_devices
 import tiny_resnet
 from helpers import numpy_lenet, random_batches, run_steps
 
-LENET = models.get_model("lenet")
+LENET = assembly.make_model("lenet")
 TINY_RESNET = tiny_resnet.make()  # ResNet-18's code and BatchNorm, narrow and one block a stage.
 BACKENDS = ["pmap", "shard_map", "jit"]
 

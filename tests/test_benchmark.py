@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.measure import timing
-from jax_dp import models
+from jax_dp import assembly
 from jax_dp.devices import get_devices
 from jax_dp.xla_cpu.flags import FUSIONS
 
@@ -17,7 +17,7 @@ def test_step_flops_match_the_models_arithmetic():
     # LeNet forward: conv1 26*26*20*9, conv2 9*9*50*500, fc 800*128 + 128*10 multiply-adds;
     # a training step costs about three forwards.
     forward = 2 * (26 * 26 * 20 * 9 + 9 * 9 * 50 * 500 + 800 * 128 + 128 * 10)
-    flops = timing.step_flops(models.get_model("lenet"), 4) / 4
+    flops = timing.step_flops(assembly.make_model("lenet"), 4) / 4
     assert 2.8 * forward < flops < 3.2 * forward
 
 
@@ -46,7 +46,7 @@ def test_time_steps_reports_seconds_per_step(monkeypatch):
     batches = [{"image": np.zeros((4, 28, 28, 1), np.float32), "label": np.zeros(4, np.int32),
                 "mask": np.ones(4, np.float32)}] * 4
     monkeypatch.setattr(timing, "time", FakeClock(1.0))
-    result = timing.time_steps(models.get_model("lenet"), "pmap", get_devices(2), batches,
+    result = timing.time_steps(assembly.make_model("lenet"), "pmap", get_devices(2), batches,
                                   repeats=3)
     assert result["step_s"] == [0.25] * 3 and result["compile_s"] == 1.0
 

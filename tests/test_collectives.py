@@ -10,14 +10,14 @@ import optax
 import pytest
 from jax import lax
 
-from jax_dp import assembly, models, parallel, program, step as step_lib
+from jax_dp import assembly, parallel, program, step as step_lib
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
 sys.path.insert(0, "tests")
 import tiny_resnet  # noqa: E402
 
-MODELS = {"lenet": models.get_model("lenet"), "tiny_resnet": tiny_resnet.make()}
+MODELS = {"lenet": assembly.make_model("lenet"), "tiny_resnet": tiny_resnet.make()}
 # BatchNorm's statistics: one all-reduce forward and one backward per layer, each needed before
 # the step can go on; tests/tiny_resnet.py has 5 BatchNorm layers.
 BATCH_NORM_REDUCES = {"lenet": 0, "tiny_resnet": 10}

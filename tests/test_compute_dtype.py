@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import assembly, data, models, step as step_lib
+from jax_dp import assembly, data, step as step_lib
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
@@ -19,7 +19,7 @@ from jax_dp.models.precision import computing_in
 sys.path.insert(0, "tests")
 import tiny_resnet  # noqa: E402
 
-MODELS = {"lenet": models.get_model("lenet"), "tiny_resnet": tiny_resnet.make()}
+MODELS = {"lenet": assembly.make_model("lenet"), "tiny_resnet": tiny_resnet.make()}
 
 
 @pytest.fixture(scope="module")

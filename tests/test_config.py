@@ -69,6 +69,14 @@ def test_model_options_are_the_declared_defaults_in_order_overridden_by_the_give
     assert models.model_options("resnet18", {"bn": "local"}, "pmap")["bn"] == "local"
 
 
+def test_a_convolution_choice_without_a_platform_is_refused_naming_make_model():
+    """models.get_model convolves with XLA's own convolution unless given one: a conv_grads
+    other than auto there would be silently lost."""
+    with pytest.raises(ParamError, match=r"^conv_grads 'canonical' chooses the platform's "
+                                         r"convolution: build the model with jax_dp\.assembly"):
+        models.get_model("lenet", conv_grads="canonical")
+
+
 def test_a_plain_config_imports_neither_jax_nor_flax():
     code = ("import sys; from jax_dp.config import TrainConfig; TrainConfig(model='resnet18'); "
             "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))")

@@ -178,9 +178,9 @@ def step_and_scan(model_name, batch_size, **options):
     """A model's single-device train step, and the same step under lax.scan over 3 batches."""
     import optax
 
-    from jax_dp import models, step as step_lib
+    from jax_dp import assembly, step as step_lib
 
-    model, tx = models.get_model(model_name, **options), optax.sgd(0.1)
+    model, tx = assembly.make_model(model_name, **options), optax.sgd(0.1)
     state = step_lib.init_state(model, tx, jax.random.key(0))
     step = lambda s, m, b: step_lib.train_step(s, m, b, model=model, tx=tx, axis_name=None)
     batch = {"image": jnp.zeros((batch_size, 28, 28, 1)), "label": jnp.zeros(batch_size, jnp.int32),

@@ -4,7 +4,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess

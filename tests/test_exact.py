@@ -11,16 +11,16 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import assembly, data, models, step as step_lib, train
+from jax_dp import assembly, data, step as step_lib, train
 from jax_dp.exact import micro
 from jax_dp.config import MICRO_BATCHES, RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import ParamError
 
-LENET = models.get_model("lenet")
+LENET = assembly.make_model("lenet")
 # ResNet-18's code with its synchronised BatchNorm, narrow (tests/tiny_resnet.py): the same
 # layers and sums at a fraction of the compile time.
-RESNET = models.get_model("tests.tiny_resnet")
+RESNET = assembly.make_model("tests.tiny_resnet")
 
 
 # Each device count once, the two backends taking turns (tests/test_elastic.py resumes a run
@@ -129,7 +129,7 @@ def test_per_device_batch_statistics_are_refused():
     """bn local: each device's statistics are of its own shard, so they follow k."""
     with pytest.raises(ParamError, match="exact needs a model with batch statistics to run each "
                                          "layer on micro-batches"):
-        assembly.build(models.get_model("resnet18", bn="local"), optax.sgd(0.1),
+        assembly.build(assembly.make_model("resnet18", bn="local"), optax.sgd(0.1),
                                "pmap", get_devices(2), exact=True)
 
 

@@ -62,11 +62,11 @@ def test_im2col_convolution_equals_lax_conv():
 
 
 def test_the_fast_path_trains_to_the_readable_paths_params_after_20_steps():
-    from jax_dp import models
+    from jax_dp import assembly
     from experiments.measure import divergence
 
     batches = random_batches(20, 64)
-    finals = [run_steps(models.get_model("lenet", conv=conv), "pmap", 2, batches, lr=0.2)[1].params
+    finals = [run_steps(assembly.make_model("lenet", conv=conv), "pmap", 2, batches, lr=0.2)[1].params
               for conv in ("xla", "im2col")]
     # The same bound as k devices against one (experiments.compare): re-associated sums.
     assert divergence.max_rel_diff(finals[1], finals[0]) <= 1e-6

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import forked_commands
 
-from jax_dp import models, train
+from jax_dp import assembly, models, train
 from jax_dp.config import TrainConfig
 from jax_dp.errors import ParamError
 
@@ -57,8 +57,8 @@ def test_one_registry_line_gives_it_a_short_name(monkeypatch):
     monkeypatch.setitem(models.MODELS, "mlp", MLP)
     assert models.model_options("mlp") == {"hidden": "32", "activation": "relu"}
     with pytest.raises(ParamError, match="unknown hidden '8': use one of 16, 32, 64"):
-        models.get_model("mlp", hidden="8")
-    params, state = models.get_model("mlp", hidden="64").init(__import__("jax").random.key(0))
+        assembly.make_model("mlp", hidden="8")
+    params, state = assembly.make_model("mlp", hidden="64").init(__import__("jax").random.key(0))
     assert params["w1"].shape == (784, 64) and state == {}
     assert TrainConfig(model="mlp").model == "mlp"
     assert train  # The run loop needs nothing else: the CLI test above trains it.

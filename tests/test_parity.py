@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 from experiments.measure import divergence
-from jax_dp import data, models
+from jax_dp import assembly, data
 from jax_dp.models.lenet import conv2d, init_lenet, lenet
 
 from helpers import random_batches
@@ -29,7 +29,7 @@ def test_max_rel_diff_refuses_trees_of_another_structure():
 
 def test_compare_steps_every_config_in_lockstep_against_the_single_device_step():
     configs = [divergence.Config("pmap", 1), divergence.Config("pmap", 2), divergence.Config("jit", 4)]
-    result = divergence.compare(models.get_model("lenet"), random_batches(3, 16), configs, lr=0.2)
+    result = divergence.compare(assembly.make_model("lenet"), random_batches(3, 16), configs, lr=0.2)
     reference, *runs = result["runs"]
     assert result["reference"] == reference["backend"] == "single"
     assert "max_rel_diff" not in reference and len(reference["losses"]) == 3
@@ -49,13 +49,13 @@ def test_softplus_replaces_every_relu():
     params = init_lenet(jax.random.key(0))
     x = np.random.default_rng(0).random((3, 28, 28, 1), np.float32)
     plain = functools.partial(conv2d, convolution=lax.conv_general_dilated)
-    smooth = models.get_model("lenet", activation="softplus", conv_grads="xla",
+    smooth = assembly.make_model("lenet", activation="softplus", conv_grads="xla",
                               convolution=lax.conv_general_dilated).apply(
         params, {}, x, None, train=True, axis_name=None)[0]
     np.testing.assert_array_equal(smooth, lenet(params, x, plain, act=jax.nn.softplus))
     assert not np.allclose(smooth, lenet(params, x, plain))
     with pytest.raises(ValueError, match="unknown activation 'tanh': use one of relu, softplus"):
-        models.get_model("resnet18", activation="tanh")
+        assembly.make_model("resnet18", activation="tanh")
 
 
 # Without ReLU's kink, float32 round-off cannot switch a unit on for one device count and off
@@ -65,7 +65,7 @@ def test_softplus_replaces_every_relu():
 def test_without_kinks_lenet_stays_within_1e_6_over_20_real_steps(fashion_train_6k):
     batches = list(data.batches(data.Split(fashion_train_6k.images[:20 * 256],
                                            fashion_train_6k.labels[:20 * 256]), 256))
-    result = divergence.compare(models.get_model("lenet", activation="softplus"), batches,
+    result = divergence.compare(assembly.make_model("lenet", activation="softplus"), batches,
                             [divergence.Config("pmap", 8)], lr=0.2)
     assert max(result["runs"][1]["per_step_max_rel_diff"]) <= 1e-6
 
@@ -74,7 +74,7 @@ def test_without_kinks_one_resnet_step_agrees_to_round_off_on_2_and_8_devices(fa
     """On the narrow ResNet (ResNet-18's code; tests/test_resnet.py checks ResNet-18 itself)."""
     head = data.Split(fashion_train_6k.images[:16], fashion_train_6k.labels[:16])
     batch = next(data.batches(head, 16))
-    result = divergence.compare(models.get_model("tests.tiny_resnet", activation="softplus"), [batch],
+    result = divergence.compare(assembly.make_model("tests.tiny_resnet", activation="softplus"), [batch],
                             [divergence.Config("pmap", k) for k in (2, 8)], lr=0.1)
     # Params and BatchNorm statistics; sums over 16 x 28 x 28 values in k parts.
     assert [r["max_rel_diff"] <= 1e-6 for r in result["runs"][1:]] == [True] * 2

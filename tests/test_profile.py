@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_dp import models
+from jax_dp import assembly, models
 from jax_dp.xla_cpu import passes as passes_lib
 from jax_dp.xla_cpu.conv import convolution
 from experiments.measure import timing, op_times
@@ -41,7 +41,7 @@ def test_resnets_strided_convolutions_are_rebuilt_with_their_windows():
     """The narrow ResNet (ResNet-18's code, two one-block stages): 6 convolutions (stem, 4 in
     blocks, 1 shortcut), 5 dX (not the stem's), 9 dW (the 3x3 stride-2 one takes one per phase
     of the stride, 4); each rebuilt alone from its parsed window gives the step's output shape."""
-    convs = op_times.convolutions(compiled_step_hlo(models.get_model("tests.tiny_resnet"), 2))
+    convs = op_times.convolutions(compiled_step_hlo(assembly.make_model("tests.tiny_resnet"), 2))
     assert Counter(c["kind"] for c in convs) == {"conv forward": 6, "conv dX": 5, "conv dW": 9}
     assert {c["strides"] for c in convs if c["kind"] == "conv forward"} == {(1, 1), (2, 2)}
     for conv in convs:

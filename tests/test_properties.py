@@ -13,11 +13,11 @@ from hypothesis import given, settings, strategies as st
 from helpers import torch_sgd_step
 
 from experiments.measure import divergence
-from jax_dp import assembly, data, models, parallel, step as step_lib, train
+from jax_dp import assembly, data, parallel, step as step_lib, train
 from jax_dp.backends import make_backend
 from jax_dp.devices import get_devices
 
-LENET = models.get_model("lenet")
+LENET = assembly.make_model("lenet")
 EPS = np.finfo(np.float32).eps
 ks = st.sampled_from([1, 2, 4, 8])
 seeds = st.integers(0, 2**16)

@@ -16,10 +16,10 @@ from jax_dp.models.resnet import BatchNorm
 
 from helpers import random_batches, run_steps
 
-RESNET = models.get_model("resnet18")
+RESNET = assembly.make_model("resnet18")
 # ResNet-18's code narrowed (tests/tiny_resnet.py), for the multi-step and multi-device checks
 # where the width adds compile time, not a path: the same blocks and synchronised BatchNorm.
-TINY = models.get_model("tests.tiny_resnet")
+TINY = assembly.make_model("tests.tiny_resnet")
 
 
 def residual_params(c_in, c, shortcut):
@@ -147,7 +147,7 @@ def test_several_steps_with_synced_batchnorm_equal_one_device_in_float64(float64
 
 
 def test_local_batchnorm_statistics_differ_between_replicas():
-    local = models.get_model("tests.tiny_resnet", bn="local")
+    local = assembly.make_model("tests.tiny_resnet", bn="local")
     state, _, _ = run_steps(local, "pmap", 2, random_batches(1, 8, size=8), lr=0.1)
     means = np.asarray(state.model_state["BatchNorm_0"]["mean"])
     assert not np.allclose(means[0], means[1])
@@ -165,7 +165,7 @@ def test_evaluation_is_deterministic_and_counts_every_example():
 
 def test_unknown_bn_mode_is_refused():
     with pytest.raises(ValueError, match="unknown bn 'global'"):
-        models.get_model("resnet18", bn="global")
+        assembly.make_model("resnet18", bn="global")
 
 
 def torch_resnet_like(params, stage_channels, blocks_per_stage):

@@ -26,7 +26,7 @@ from jax_dp.errors import ParamError
 import tiny_resnet
 from helpers import latest_checkpoint, run_steps
 
-LENET = models.get_model("lenet")
+LENET = assembly.make_model("lenet")
 K = 4
 
 

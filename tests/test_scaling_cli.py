@@ -14,7 +14,7 @@ from helpers import forked_commands
 
 from experiments.measure import hardware, cost_model, cost_report, step_costs
 from experiments.measure.cost_model import Link
-from jax_dp import models
+from jax_dp import assembly, models
 from jax_dp.devices import get_devices
 
 QUICK = ["--model", "lenet", "--devices", "2", "--processes", "2", "--batch-size", "64",
@@ -168,7 +168,7 @@ def test_one_device_is_measured_with_no_all_reduce():
     """What a 1x1 worker measures, in this process: its fixed cost and step, no all-reduce and
     no all-reduced array (the quick run measures 2 devices)."""
     spec = {"steps": 2, "batch_size": 64, "repeats": 1, "sizes": [4096]}
-    m = step_costs.measure_devices(spec, models.get_model("lenet"), get_devices(1))
+    m = step_costs.measure_devices(spec, assembly.make_model("lenet"), get_devices(1))
     assert m["allreduce"] == [] and m["arrays"] == 0
     assert all(math.isfinite(m[k]) and m[k] > 0 for k in ("fixed_s", "step_s"))
 

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jax_dp import assembly, data, models, progress, step as step_lib, train
+from jax_dp import assembly, data, progress, step as step_lib, train
 from jax_dp.models.lenet import lenet
 from jax_dp.models.model import Model
 from jax_dp.config import RunOptions, TrainConfig
@@ -19,7 +19,7 @@ from jax_dp.errors import ParamError
 
 from helpers import random_batches, run_steps
 
-LENET = models.get_model("lenet")
+LENET = assembly.make_model("lenet")
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])

@@ -47,10 +47,10 @@ YNN_FUSIONS_IN_LENET_STEP = """
 import functools, sys
 import jax, jax.numpy as jnp, optax
 from experiments import xla_options
-from jax_dp import models, step as step_lib
+from jax_dp import assembly, step as step_lib
 if sys.argv[1] == "late":
     xla_options.use("lenet", show=False)
-model, tx = models.get_model("lenet", conv="xla"), optax.sgd(0.1)
+model, tx = assembly.make_model("lenet", conv="xla"), optax.sgd(0.1)
 batch = {"image": jnp.zeros((8, 28, 28, 1)), "label": jnp.zeros(8, jnp.int32), "mask": jnp.ones(8)}
 step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx, axis_name=None))
 hlo = step.lower(step_lib.init_state(model, tx, jax.random.key(0)), step_lib.zero_metrics(), batch)

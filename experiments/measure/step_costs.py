@@ -55,9 +55,9 @@ def message_sizes(grad_bytes: int, count: int) -> list[int]:
 def shapes(names) -> dict:
     """Each named model's FLOPs per image of a training step (XLA's count) and gradient bytes."""
     from experiments.measure import timing
-    from jax_dp import models
+    from jax_dp import assembly, models
 
-    return {name: {"flops_per_image": timing.step_flops(models.get_model(name), 64) / 64,
+    return {name: {"flops_per_image": timing.step_flops(assembly.make_model(name), 64) / 64,
                    "grad_bytes": models.param_bytes(name)} for name in names}
 
 
@@ -98,12 +98,12 @@ def worker(spec: dict) -> None:
     os.sched_setaffinity(0, cpus)  # Before JAX starts: XLA sizes its thread pool from this.
     xla_options.use(spec["model"], show=False)
     from experiments.measure import timing
-    from jax_dp import devices, distributed, models
+    from jax_dp import assembly, devices, distributed
 
     devices.simulate_cpu_devices(spec.get("local", 1))
     if spec["kind"] == "processes":
         distributed.initialize()
-    model = models.get_model(spec["model"])
+    model = assembly.make_model(spec["model"])
     if spec["kind"] == "compute":
         result = {str(b): timing.time_compute(model, b, spec["steps"], spec["repeats"])
                   for b in spec["batches"]}

@@ -13,7 +13,6 @@ import math
 from types import ModuleType
 from typing import NamedTuple
 
-from jax_dp import xla_cpu
 from jax_dp.errors import ParamError, check_choice
 
 MODELS = {"lenet": "jax_dp.models.lenet", "resnet18": "jax_dp.models.resnet"}
@@ -42,9 +41,9 @@ class Option(NamedTuple):
     help: str
 
 
-# The option of every model whose make takes a `convolution`: which one the platform gives it
-# (jax_dp.xla_cpu: how its gradients are written, and whether the measured pass table is read).
-CONV_GRADS = Option("conv_grads", "auto", xla_cpu.GRADS,
+# The option of every model whose make takes a `convolution`: how its gradients are written.
+# jax_dp.assembly.make_model reads it to give the model its platform's convolution (jax_dp.xla_cpu).
+CONV_GRADS = Option("conv_grads", "auto", ("auto", "canonical", "xla"),
                     "convolution gradients as canonical forward convolutions (measured faster on "
                     "XLA:CPU) or XLA's own; auto: canonical on CPU, XLA's own elsewhere")
 
@@ -79,27 +78,18 @@ def per_device_state(name: str, options: dict) -> bool:
         model_options(name, options)))
 
 
-def auto_choices(options: dict, platform: str) -> dict:
-    """What the 'auto' in options stands for on platform."""
-    if options.get("conv_grads") != "auto":
-        return {}
-    return {"conv_grads": xla_cpu.resolve_grads("auto", platform)}
-
-
-def get_model(name: str, platform: str | None = None, convolution=None, **options):
-    """The Model called name, built with options (model_options fills in the defaults) for
-    platform (default: JAX's default backend's): a model that convolves gets the platform's
-    convolution (jax_dp.xla_cpu), or convolution where given."""
+def get_model(name: str, convolution=None, **options):
+    """The Model called name, built with options (model_options fills in the defaults). A model
+    that convolves does so with convolution (XLA's own where None); jax_dp.assembly.make_model
+    turns its conv_grads option into its platform's convolution."""
     options = model_options(name, options)
     if "conv_grads" in options:
         grads = options.pop("conv_grads")
-        if convolution is None:
-            import jax
-
-            from jax_dp.xla_cpu.conv import convolution as platforms
-
-            convolution = platforms(grads, platform or jax.default_backend())
-        options["convolution"] = convolution
+        if convolution is None and grads != "auto":
+            raise ParamError("conv_grads", f"{{}} {grads!r} chooses the platform's convolution: "
+                             "build the model with jax_dp.assembly.make_model")
+        if convolution is not None:
+            options["convolution"] = convolution
     return model_module(name).make(**options)
 
 
@@ -111,8 +101,9 @@ def param_bytes(name: str, **options) -> int:
 def _shapes(name, options):
     import jax
 
-    # Any platform's model has the same shapes; naming one keeps JAX's backend from starting.
-    return jax.eval_shape(lambda: get_model(name, "cpu", **options).init(jax.random.key(0)))
+    # Any convolution gives the same shapes; none named keeps JAX's backend from starting.
+    options = {k: v for k, v in options.items() if k != "conv_grads"}
+    return jax.eval_shape(lambda: get_model(name, **options).init(jax.random.key(0)))
 
 
 def _bytes(shapes) -> int:
