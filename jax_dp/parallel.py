@@ -60,29 +60,6 @@ def split_and_load(data: Any, devices: Sequence[jax.Device]) -> Any:
     return jax.tree.map(split, data)
 
 
-def reduced(params: Any, axis_name: str | None, sharded: jax.Array) -> Any:
-    """Params as the step differentiates them: replicated, with per-device gradients.
-
-    Under shard_map's type checks (`sharded`, a shard of the batch, is typed as varying
-    over axis_name), the gradient of plain replicated params arrives already summed, so
-    a psum would count it k times; differentiating a "reduced" view instead gives each
-    device its partial ("unreduced") gradient, which allreduce sums exactly once. pmap
-    and vmap check no types and need nothing.
-    """
-    if axis_name is None or axis_name not in jax.typeof(sharded).mat.varying:
-        return params
-    return lax.pcast(params, axis_name, to="reduced")
-
-
-def same_varying(*arrays: jax.Array) -> tuple[jax.Array, ...]:
-    """arrays with one set of varying axes, their union, as JAX gives its own primitives'
-    inputs: under shard_map's type checks a custom_vjp's gradients then have the types of
-    its inputs."""
-    varying = frozenset().union(*(jax.typeof(a).mat.varying for a in arrays))
-    return tuple(lax.pcast(a, tuple(varying - jax.typeof(a).mat.varying), to="varying")
-                 if varying - jax.typeof(a).mat.varying else a for a in arrays)
-
-
 def allreduce(tree: Any, axis_name: str | None = AXIS) -> Any:
     """Sum every leaf over the devices of axis_name (identity when axis_name is None)."""
     return tree if axis_name is None else lax.psum(tree, axis_name)
@@ -97,10 +74,5 @@ def allreduce_flat(tree: Any, axis_name: str | None = AXIS) -> Any:
     """
     if axis_name is None:
         return tree
-    if any(axis_name in jax.typeof(leaf).mat.unreduced for leaf in jax.tree.leaves(tree)):
-        # Under shard_map's type checks one buffer needs one type: unreduced gradients (see
-        # reduced) and per-device metrics, both partial sums the psum completes.
-        tree = jax.tree.map(lambda a: a if axis_name in jax.typeof(a).mat.unreduced
-                            else lax.pcast(a, axis_name, to="unreduced"), tree)
     flat, unravel = ravel_pytree(tree)
     return unravel(lax.psum(flat, axis_name))

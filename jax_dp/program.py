@@ -26,7 +26,7 @@ class Program:
     """
 
     def __init__(self, backend: Backend, steps: Steps, donate: bool = True):
-        self.backend = backend.for_steps(steps)
+        self.backend = backend
         self.steps = steps
         self.pad_to = steps.pad_to or len(backend.devices)  # Rows a global batch is padded to.
         compile, donated = self.backend.compile, (0,) if donate else ()

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from jax_dp.models.model import Model
-from jax_dp.parallel import allreduce, allreduce_flat, reduced
+from jax_dp.parallel import allreduce, allreduce_flat
 
 
 class TrainState(NamedTuple):
@@ -71,8 +71,7 @@ def train_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         return jnp.sum(losses * mask), (logits, model_state)
 
-    params = reduced(state.params, axis_name, x)  # shard_map's typing (parallel.reduced).
-    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss_sum, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # The all-reduce: lax.psum of this device's gradients and metrics over the devices.
     grads, new = grad_allreduce((grads, batch_metrics(logits, y, mask, loss_sum)), axis_name)
     return apply_gradients(state, metrics, grads, new, model_state, tx)
@@ -108,12 +107,10 @@ def eval_step(state: TrainState, metrics: dict, batch: dict, *, model: Model,
 class Steps(NamedTuple):
     """A model's pure steps for one shard, each taking (state, metrics, batch), for a Program to
     compile: every global batch is padded to a multiple of `pad_to` rows (None: the device
-    count); `typed`: whether shard_map types the collectives' results (off for a step that
-    knows its own)."""
+    count)."""
     train_step: Callable
     eval_step: Callable | None = None
     pad_to: int | None = None
-    typed: bool = True
 
 
 def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | None,

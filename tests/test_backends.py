@@ -153,23 +153,3 @@ def test_hand_made_allreduce_needs_pmap_and_unknown_names_are_refused():
         schemes.get_allreduce("tree", "pmap")
     with pytest.raises(ValueError, match="unknown backend 'xmap'"):
         make_backend("xmap", get_devices(2))
-
-
-def test_under_shard_map_the_reduced_view_is_what_stops_double_counting():
-    from jax.sharding import Mesh, PartitionSpec as P
-
-    k = 4
-    mesh = Mesh(np.array(get_devices(k)), (parallel.AXIS,))
-    w = np.random.default_rng(0).normal(size=(3,)).astype(np.float32)
-    x = np.random.default_rng(1).normal(size=(8, 3)).astype(np.float32)
-    whole = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
-
-    def summed_grad(use_reduced):
-        def body(w, x):
-            view = parallel.reduced(w, parallel.AXIS, x) if use_reduced else w
-            return parallel.allreduce(jax.grad(lambda v: jnp.sum((x @ v) ** 2))(view))
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(parallel.AXIS)),
-                                     out_specs=P()))(w, x)
-
-    np.testing.assert_allclose(summed_grad(True), whole, rtol=1e-5)
-    np.testing.assert_allclose(summed_grad(False), k * whole, rtol=1e-5)  # Counted k times.

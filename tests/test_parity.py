@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 from experiments.measure import divergence
-from jax_dp import assembly, data
+from jax_dp import assembly, data, models
 from jax_dp.models.lenet import conv2d, init_lenet, lenet
 
 from helpers import random_batches
@@ -49,8 +49,7 @@ def test_softplus_replaces_every_relu():
     params = init_lenet(jax.random.key(0))
     x = np.random.default_rng(0).random((3, 28, 28, 1), np.float32)
     plain = functools.partial(conv2d, convolution=lax.conv_general_dilated)
-    smooth = assembly.make_model("lenet", activation="softplus", conv_grads="xla",
-                              convolution=lax.conv_general_dilated).apply(
+    smooth = models.get_model("lenet", lax.conv_general_dilated, activation="softplus").apply(
         params, {}, x, None, train=True, axis_name=None)[0]
     np.testing.assert_array_equal(smooth, lenet(params, x, plain, act=jax.nn.softplus))
     assert not np.allclose(smooth, lenet(params, x, plain))

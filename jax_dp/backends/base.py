@@ -59,10 +59,6 @@ class Backend:
         """to_host's result placed back."""
         return self.replicate(tree)
 
-    def for_steps(self, steps) -> Backend:
-        """This backend as it compiles steps (a step.Steps)."""
-        return self
-
     def precompile(self, compiled: Callable, *args) -> Callable:
         """compiled (compile's result) compiled ahead of time for args like these."""
         return compiled.lower(*args).compile()

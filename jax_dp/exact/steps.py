@@ -90,7 +90,5 @@ def make_steps(model: Model, tx: optax.GradientTransformation, axis_name: str | 
     if model.module is None and jax.tree.leaves(jax.eval_shape(model.init, jax.random.key(0))[1]):
         raise ParamError(("exact", "model"), "{} needs a {} with batch statistics to run each "
                          "layer on micro-batches (Model.module; resnet18 has one with bn sync)")
-    # Its sums are ppermutes whose results it knows replicated: untyped under shard_map.
     return Steps(functools.partial(train_step, model=model, tx=tx, axis_name=axis_name),
-                 functools.partial(eval_step, model=model, axis_name=axis_name), MICRO_BATCHES,
-                 typed=False)
+                 functools.partial(eval_step, model=model, axis_name=axis_name), MICRO_BATCHES)

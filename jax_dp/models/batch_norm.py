@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_dp.parallel import allreduce, same_varying
+from jax_dp.parallel import allreduce
 
 
 class BatchNorm(nn.Module):
@@ -61,7 +61,6 @@ def normalize(x: jax.Array, mask: jax.Array, scale: jax.Array, bias: jax.Array,
     count of rows they are over: those with mask 1 on every device of axis_name (None: this
     device's rows only). local: there may be no such row; every row is then `bias`, with no
     gradient, and the mean and variance 0."""
-    x, scale, bias = same_varying(x, scale, bias)
     return _normalize(x, mask, scale, bias, axis_name, epsilon, local)
 
 
@@ -114,7 +113,7 @@ def _normalize_bwd(axis_name, epsilon, local, residuals, cotangents):
     dmean = dmean - inv * scale * sum_dy
     dvar = jnp.where(raw_var > 0, dvar - 0.5 * inv * inv * scale * sum_dy_xhat, 0.0)
     dx = dy * (inv * scale) + m * (dmean / n + centred * (2 * dvar / n))
-    return dx, 0 * m.reshape(-1), dscale, dbias  # The mask is data: no gradient (typed as it).
+    return dx, 0 * m.reshape(-1), dscale, dbias  # The mask is data: no gradient.
 
 
 _normalize.defvjp(_normalize_fwd, _normalize_bwd)
