@@ -66,7 +66,7 @@ def test_a_resnet_as_two_processes_trains_like_one_process(tmp_path):
         command = [sys.executable, "-m", "experiments.train", "--model", "tests.tiny_resnet",
                    "--devices", "2", "--batch-size", "8",
                    "--lr", "0.1", "--epochs", "1", "--train-examples", "16", "--test-examples", "8",
-                   "--steps-per-call", "2", "--no-progress", "--checkpoint-dir", str(tmp_path / name)]
+                   "--steps-per-call", "1", "--no-progress", "--checkpoint-dir", str(tmp_path / name)]
         if processes:
             command = [sys.executable, "-m", "experiments.launch", "--processes", "2", "--", *command]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
