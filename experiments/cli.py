@@ -149,8 +149,10 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                         "with the UTC time, step, images/s, running loss and ETAs at most every "
                         "this many seconds (0: every step)")
     p.add_argument("--logdir", help="write TensorBoard event files here (process 0): the "
-                   "running loss, accuracy, lr and step time every --log-every seconds, each "
+                   "running loss, accuracy, lr and step time every --scalars-every steps, each "
                    "epoch's history, the config")
+    p.add_argument("--scalars-every", type=at_least(1), default=10, metavar="STEPS",
+                   help="global steps between --logdir's running scalars (default 10)")
     p.add_argument("--profile", type=step_range, metavar="START:STOP",
                    help="keep a jax.profiler trace of global steps START to STOP in --logdir "
                         "(TensorBoard's profile plugin, XProf, Perfetto)")

@@ -51,7 +51,8 @@ def train_runs(args) -> None:
     options = RunOptions(checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                          resume=args.resume, step_timeout=args.step_timeout,
                          steps_per_call=args.steps_per_call, progress=args.progress,
-                         log_every=args.log_every, logdir=args.logdir, profile=args.profile)
+                         log_every=args.log_every, logdir=args.logdir,
+                         scalars_every=args.scalars_every, profile=args.profile)
     xla_options.use(args.model, primary)
     exact = any(c.exact for c in runs_configs)  # The same bits on any count: devices.py.
     devices.setup_devices([c.devices for c in runs_configs], processes=processes,

@@ -151,8 +151,10 @@ class RunOptions:
     progress: show a progress bar within each epoch, on terminals only.
     log_every: where no bar shows, log a line (UTC time, step, images/s, running loss, ETAs)
       at most every this many seconds (0: after every call; None: never).
-    logdir: write TensorBoard event files here (process 0): at log_every's pace the running
-      loss, accuracy, lr and step time; each epoch's history; the config.
+    logdir: write TensorBoard event files here (process 0): every scalars_every global steps
+      the running loss, accuracy, lr and step time; each epoch's history; the config.
+    scalars_every: global steps between TensorBoard's running scalars (a call of several steps
+      writes once, at its end).
     profile: (start, stop): keep a jax.profiler trace of global steps start to stop in logdir.
     """
     checkpoint_dir: str | None = None
@@ -163,6 +165,7 @@ class RunOptions:
     progress: bool = False
     log_every: float | None = None
     logdir: str | None = None
+    scalars_every: int = 10
     profile: tuple[int, int] | None = None
 
     def __post_init__(self):
@@ -177,6 +180,9 @@ class RunOptions:
                                                and 0 <= self.log_every < math.inf):
             raise ParamError("log_every", f"{{}} must be a finite number of seconds, 0 or more, "
                              f"got {self.log_every}")
+        if not isinstance(self.scalars_every, int) or self.scalars_every < 1:
+            raise ParamError("scalars_every", f"{{}} must be a whole number of steps, 1 or more, "
+                             f"got {self.scalars_every}")
         if self.profile is not None and not (self.logdir and 0 <= self.profile[0] < self.profile[1]):
             raise ParamError("profile", f"{{}} must be START:STOP, global steps with 0 <= START < "
                              f"STOP, and a logdir for the trace, got {self.profile[0]}:{self.profile[1]}")

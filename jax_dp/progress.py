@@ -20,16 +20,18 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """Reports each step of a run of epochs x per_epoch steps of global_batch examples: on a
-    terminal (and asked for) as a bar with the run's ETA. At most every log_every_s seconds
-    (0: after every step; None: never) the epoch's running loss and accuracy go to report
-    (global step, loss, accuracy, seconds per step) and, where no bar shows, a line to log."""
+    terminal (and asked for) as a bar with the run's ETA; where no bar shows, a line to log
+    with the epoch's running loss and accuracy at most every log_every_s seconds (0: after
+    every step; None: never). Every report_every global steps the same go to report (global
+    step, loss, accuracy, seconds per step)."""
 
     def __init__(self, log: Callable[[str], None], *, epochs: int, per_epoch: int,
                  global_batch: int, bar: bool, log_every_s: float | None,
                  report: Callable[[int, float, float, float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 report_every: int = 10, clock: Callable[[], float] = time.monotonic):
         self.log, self.epochs, self.per_epoch, self.global_batch = log, epochs, per_epoch, global_batch
-        self.show_bar, self.every, self.report, self.clock = bar, log_every_s, report, clock
+        self.show_bar, self.every, self.clock = bar, log_every_s, clock
+        self.report, self.report_every = report, report_every
         self.started = self.last = clock()  # Made when the steps start: rates leave out compiling.
         self.steps = 0
         self.bar = None
@@ -46,7 +48,7 @@ class Progress:
 
     def stepped(self, epoch: int, step: int, n: int, running: Callable[[], tuple[float, float]]):
         """n more steps done, now at step of epoch; running() gives the epoch's (loss so far,
-        accuracy so far), waiting for the steps, and is called only when a line is due."""
+        accuracy so far), waiting for the steps, and is called only when a line or report is due."""
         now = self.clock()
         self.steps += n
         left = (self.epochs - epoch) * self.per_epoch - step  # Steps to the run's end.
@@ -54,13 +56,16 @@ class Progress:
         self.bar.update(n)
         if not self.bar.disable:
             self.bar.set_postfix_str(f"run ETA {duration(left / rate)}", refresh=False)
-        if self.every is None or now - self.last < self.every:
+        at = epoch * self.per_epoch + step  # The global step.
+        reporting = self.report is not None and at // self.report_every > (at - n) // self.report_every
+        line_due = self.bar.disable and self.every is not None and now - self.last >= self.every
+        if not (reporting or line_due):
             return
-        self.last = now
         loss, acc = running()
-        if self.report:
-            self.report(epoch * self.per_epoch + step, loss, acc, 1 / rate)
-        if self.bar.disable:
+        if reporting:
+            self.report(at, loss, acc, 1 / rate)
+        if line_due:
+            self.last = now
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             self.log(f"{stamp} epoch {epoch + 1}/{self.epochs} step {step}/{self.per_epoch}: "
                      f"{rate * self.global_batch:.1f} images/s, loss {loss:.4f}, train acc "

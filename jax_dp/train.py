@@ -160,7 +160,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         lr = assembly.learning_rate(config)
         progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
                             global_batch=config.batch_size, bar=run.progress,
-                            log_every_s=run.log_every,
+                            log_every_s=run.log_every, report_every=run.scalars_every,
                             report=events and (lambda step, loss, acc, step_s: events.step(
                                 step, loss, acc, float(lr(step)), step_s)))
         # A lost process is named while signals are still only recorded: the launcher's SIGTERM

@@ -65,6 +65,7 @@ BAD_VALUES = [
      "localhost:12345), got 'bad'"),
     (["--log-every", "inf"], "--log-every must be a finite number of seconds, 0 or more, got inf"),
     (["--profile", "5"], "--profile: must be START:STOP, global steps like 10:20, got '5'"),
+    (["--scalars-every", "0"], "--scalars-every: must be an integer of at least 1, got '0'"),
     (["--profile", "2:1", "--logdir", "tb"], "--profile must be START:STOP, global steps with 0 "
                                             "<= START < STOP, and a logdir for the trace, got 2:1"),
     (["--checkpoint-dir", "/etc/hostname"], "cannot write checkpoints to /etc/hostname/bs64-lr0.2 "

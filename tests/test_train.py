@@ -106,6 +106,7 @@ def test_1000_pmapped_steps_on_8_devices_finish():
                                           "START < STOP, and a logdir for the trace, got 3:3"),
     ({"profile": (0, 2)}, "profile must be START:STOP, global steps with 0 <= START < STOP, and "
                           "a logdir for the trace, got 0:2"),
+    ({"scalars_every": 0}, "scalars_every must be a whole number of steps, 1 or more, got 0"),
 ])
 def test_run_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(ParamError) as e:
@@ -163,7 +164,8 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
 def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas(tmp_path):
     """log_every 0: a line after every step, UTC-stamped; an epoch's last line carries the
     epoch's training loss and accuracy as the history has them. The TensorBoard events, read
-    back with TensorBoard's own reader, hold the same values, the lr schedule and the config."""
+    back with TensorBoard's own reader, hold the same values every scalars_every steps, the lr
+    schedule and the config."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     rng = np.random.default_rng(0)
@@ -172,16 +174,17 @@ def test_off_a_terminal_each_step_logs_its_time_rate_running_loss_and_etas(tmp_p
                          warmup_epochs=1.0)
     lines = []
     run = train.train(config, split, data.Split(split.images[:16], split.labels[:16]),
-                      RunOptions(log_every=0.0, logdir=str(tmp_path), profile=(2, 4)),
+                      RunOptions(log_every=0.0, logdir=str(tmp_path), scalars_every=2,
+                                 profile=(2, 4)),
                       log=lines.append)
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     for name in ("train_loss", "train_acc", "test_acc", "time_s"):
         assert scalars[f"epoch/{name}"] == [(4 * (i + 1), np.float32(e[name])) for i, e in enumerate(run["epochs"])]
-    assert [s for s, _ in scalars["train/loss"]] == list(range(1, 9))
-    assert [scalars["train/loss"][i][1] for i in (3, 7)] == [np.float32(e["train_loss"]) for e in run["epochs"]]
-    assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.2 * min(s / 4, 1) for s in range(1, 9)])
+    assert [s for s, _ in scalars["train/loss"]] == [2, 4, 6, 8]
+    assert [scalars["train/loss"][i][1] for i in (1, 3)] == [np.float32(e["train_loss"]) for e in run["epochs"]]
+    assert [v for _, v in scalars["train/lr"]] == pytest.approx([0.2 * min(s / 4, 1) for s in (2, 4, 6, 8)])
     assert "config/text_summary" in events.Tags()["tensors"]
     (trace,) = tmp_path.glob("plugins/profile/*/*.xplane.pb")  # Steps 3 and 4, a trace of them.
     assert b"train_step" in trace.read_bytes()
