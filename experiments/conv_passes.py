@@ -125,8 +125,8 @@ def step_ratios(model_name: str, options: dict, batch_size: int, platform: str, 
     for _ in range(rounds):
         seconds = []
         for passes in tables:
-            model = models.get_model(model_name, convolution=convolution(
-                options["conv_grads"], platform, passes))
+            model = models.get_model(model_name, convolution(options["conv_grads"], platform,
+                                                             passes), **options)
             seconds.append(time_steps(model, "pmap", devices.get_devices(1), batches,
                                       repeats=1)["step_s"][0])
         ratios.append(seconds[1] / seconds[0])

@@ -55,55 +55,66 @@ def lost_process(error: BaseException) -> tuple[str, str] | None:
     return "another process", how
 
 
-# Cluster managers that start every process of a run, each by the variables holding the process
-# count and this process's rank; JAX's own detection (jax.distributed.initialize given no
-# address) finds their coordinator. A Cloud TPU slice on GKE counts its hosts in a list; a
-# Kubernetes indexed Job numbers its pods, and JAX_NUM_PROCESSES says how many (its completions).
-MANAGERS = {"SLURM": ("SLURM_NTASKS", "SLURM_PROCID"),
-            "Open MPI's mpirun": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
-            "Cloud TPU": ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"),
-            "a Kubernetes indexed Job": ("JAX_NUM_PROCESSES", "JOB_COMPLETION_INDEX")}
+def _tpu_hosts() -> int | None:
+    hosts = os.environ.get("TPU_PROCESS_ADDRESSES") or os.environ.get("TPU_WORKER_HOSTNAMES")
+    return len(hosts.split(",")) if hosts else None
 
 
-def _manager_count(name: str) -> int | None:
-    """The process count that cluster manager's variables give, None where it did not start us."""
-    count, rank = MANAGERS[name]
-    if name == "Cloud TPU":
-        hosts = os.environ.get(count)
-        return hosts and len(hosts.split(","))
-    if name == "a Kubernetes indexed Job":
-        if rank not in os.environ:
-            return None
-        if count not in os.environ:
-            raise ValueError("the pods of a Kubernetes indexed Job form one run: set "
-                             "JAX_NUM_PROCESSES to the Job's completions (or pass "
-                             "--single-process for a run in each pod)")
-    return _env_int(count)
+def _tpu_count() -> int | None:
+    hosts = _tpu_hosts()
+    return hosts and hosts * (_env_int("MEGASCALE_NUM_SLICES") or 1)
+
+
+def _tpu_rank() -> int | None:
+    worker = _env_int("TPU_WORKER_ID")
+    return None if worker is None else worker + (_env_int("MEGASCALE_SLICE_ID") or 0) * _tpu_hosts()
+
+
+def _indexed_job_count() -> int | None:
+    if "JOB_COMPLETION_INDEX" not in os.environ:
+        return None
+    if "JAX_NUM_PROCESSES" not in os.environ:
+        raise ValueError("the pods of a Kubernetes indexed Job form one run: set "
+                         "JAX_NUM_PROCESSES to the Job's completions (or pass "
+                         "--single-process for a run in each pod)")
+    return _env_int("JAX_NUM_PROCESSES")
+
+
+# Cluster managers that start every process of a run, in the order JAX's own detection
+# (jax.distributed.initialize given no address) tries them, each with the process count and
+# this process's rank as JAX reads them (None where it did not start us). JAX finds their
+# coordinator. A Kubernetes indexed Job numbers its pods; JAX_NUM_PROCESSES says how many.
+MANAGERS = {"Open MPI's mpirun": (lambda: _env_int("OMPI_COMM_WORLD_SIZE"),
+                                  lambda: _env_int("OMPI_COMM_WORLD_RANK")),
+            "SLURM": (lambda: _env_int("SLURM_NTASKS"), lambda: _env_int("SLURM_PROCID")),
+            "Cloud TPU": (_tpu_count, _tpu_rank),
+            "a Kubernetes indexed Job": (_indexed_job_count,
+                                         lambda: _env_int("JOB_COMPLETION_INDEX"))}
 
 
 def cluster_manager() -> str | None:
     """The cluster manager that started this process as one of several, if any."""
-    return next((name for name in MANAGERS if (_manager_count(name) or 1) > 1), None)
+    return next((name for name, (count, _) in MANAGERS.items() if (count() or 1) > 1), None)
 
 
 def requested_processes(num_processes: int | None = None, managed: bool = True) -> int:
     """How many processes the run has: the flag, $JAX_NUM_PROCESSES, the cluster manager's count
     (unless not managed), or 1."""
     _check_count(num_processes)
-    manager = cluster_manager() if managed else None
-    return num_processes or _env_int("JAX_NUM_PROCESSES") or (manager and _manager_count(manager)) or 1
+    given = num_processes or _env_int("JAX_NUM_PROCESSES")
+    manager = None if given or not managed else cluster_manager()
+    return given or (manager and MANAGERS[manager][0]()) or 1
 
 
 def requested_rank(process_id: int | None = None, managed: bool = True) -> int:
     """This process's rank: the flag, $JAX_PROCESS_ID, the cluster manager's (unless not
     managed), or 0."""
-    if process_id is not None:
-        return process_id
-    manager = MANAGERS.get(cluster_manager() if managed else None)
-    for rank in (_env_int("JAX_PROCESS_ID"), manager and _env_int(manager[1])):
+    for rank in (process_id, _env_int("JAX_PROCESS_ID")):
         if rank is not None:
             return rank
-    return 0
+    manager = cluster_manager() if managed else None
+    rank = MANAGERS[manager][1]() if manager else None
+    return 0 if rank is None else rank
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
@@ -270,7 +281,7 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     were given other configs or run options (each would apply its own lr to the same summed
     gradients, or their collectives would not match). Compared right after joining, before
     JAX's backend starts: processes that disagree on their devices cannot start it together."""
-    from orbax.checkpoint import multihost  # The runtime's key-value store (none in jax's API).
+    from orbax.checkpoint import multihost  # The runtime's key-value store: jax 0.10 names none.
 
     if _joined is None:
         return
@@ -284,8 +295,15 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     except ParamError:
         # Every process leaves the runtime together (shutdown is a barrier): otherwise process
         # 0's exit takes its coordinator away and JAX aborts a peer before it says why.
+        _left()
         jax.distributed.shutdown()
         raise
+
+
+def _left() -> None:
+    """This process is in no run any more (what check_same reads)."""
+    global _joined
+    _joined = None
 
 
 def check_agree(runs: list[list[dict]]) -> None:

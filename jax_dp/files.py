@@ -50,6 +50,9 @@ def check_folder(path: Path, flag: str) -> None:
     target = _target(path)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{flag} {path} is not a folder: pass a folder (or a path to make one)")
+    if os.path.islink(path) and not target.exists():
+        raise ValueError(f"{flag} {path} is a link to {target}, which does not exist: make it, "
+                         "or pass a folder")
     existing = next(p for p in (target, *target.parents) if p.exists())
     if not existing.is_dir():
         raise ValueError(f"{flag} {path} cannot be made ({existing} is not a folder): pass a "

@@ -153,24 +153,29 @@ def test_a_symlink_loop_and_outputs_among_the_runs_own_files_are_refused(tmp_pat
 
 
 def test_a_logdir_that_cannot_hold_event_files_is_refused_and_nothing_is_made(tmp_path):
-    """--logdir is a folder to make or write: a file or FIFO there, a loop of links, a folder
-    under a file, and the checkpoint folder itself are each one line, before any work."""
+    """--logdir is a folder to make or write: a file or FIFO there, a loop of links, a link to
+    nothing, a folder under a file, and the checkpoint folder itself are each one line, before
+    any work."""
     (tmp_path / "file").write_text("x")
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
     ckpt = tmp_path / "ckpt"
     made = sorted(p.name for p in tmp_path.iterdir())
-    file, fifo, loop, under, inside = lenets(
+    file, fifo, loop, under, inside, dangling = lenets(
         ("--logdir", str(tmp_path / "file")), ("--logdir", str(tmp_path / "fifo")),
         ("--logdir", str(tmp_path / "a")), ("--logdir", str(tmp_path / "file" / "tb")),
-        ("--checkpoint-dir", str(ckpt), "--logdir", str(ckpt / "bs64-lr0.2" / "tb")))
+        ("--checkpoint-dir", str(ckpt), "--logdir", str(ckpt / "bs64-lr0.2" / "tb")),
+        ("--logdir", str(tmp_path / "dangling")))
     for proc, path in ((file, "file"), (fifo, "fifo")):
         one_line(proc, 2, f"--logdir {tmp_path / path} is not a folder: pass a folder")
     one_line(loop, 2, f"--logdir {tmp_path / 'a'}: its symbolic links form a loop: pass a folder")
     one_line(under, 2, f"--logdir {tmp_path / 'file' / 'tb'} cannot be made ({tmp_path / 'file'} "
                        "is not a folder)")
     one_line(inside, 2, f"--logdir {ckpt / 'bs64-lr0.2' / 'tb'} is in the checkpoint folder")
+    one_line(dangling, 2, f"--logdir {tmp_path / 'dangling'} is a link to {tmp_path / 'gone'}, "
+                          "which does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == made
 
 

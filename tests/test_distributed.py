@@ -365,26 +365,40 @@ def test_every_field_has_a_value_to_disagree_on():
     assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)} - {"options"}
 
 
-MANAGED = {"SLURM": {"SLURM_NTASKS": "3", "SLURM_PROCID": "2"},
-           "Open MPI's mpirun": {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"},
-           "Cloud TPU": {"TPU_WORKER_HOSTNAMES": "t0,t1,t2", "TPU_WORKER_ID": "2"},
-           "a Kubernetes indexed Job": {"JOB_COMPLETION_INDEX": "2", "JAX_NUM_PROCESSES": "3"}}
+# Each case: the variables a cluster manager sets, the manager, and the (count, rank) JAX reads.
+MANAGED = {
+    "srun": ({"SLURM_NTASKS": "3", "SLURM_PROCID": "2"}, "SLURM", (3, 2)),
+    "mpirun": ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"}, "Open MPI's mpirun", (3, 2)),
+    # mpirun in a SLURM allocation: each process inherits the allocation's variables too.
+    "mpirun in SLURM": ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2",
+                         "SLURM_NTASKS": "6", "SLURM_PROCID": "0"}, "Open MPI's mpirun", (3, 2)),
+    "Cloud TPU": ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2", "TPU_WORKER_ID": "2"}, "Cloud TPU", (3, 2)),
+    # Host 1 of the second of two slices of 3 hosts; JAX reads TPU_PROCESS_ADDRESSES first.
+    "Cloud TPU slices": ({"TPU_PROCESS_ADDRESSES": "a,b,c", "TPU_WORKER_HOSTNAMES": "x",
+                          "TPU_WORKER_ID": "1", "MEGASCALE_NUM_SLICES": "2",
+                          "MEGASCALE_SLICE_ID": "1"}, "Cloud TPU", (6, 4)),
+    "indexed Job": ({"JOB_COMPLETION_INDEX": "2", "JAX_NUM_PROCESSES": "3"},
+                    "a Kubernetes indexed Job", (3, 2)),
+}
+MANAGERS_VARIABLES = ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
+                      *{v for variables, _, _ in MANAGED.values() for v in variables})
 
 
-@pytest.mark.parametrize("manager", sorted(MANAGED))
-def test_a_cluster_managers_processes_form_one_run_unless_single_process(manager, monkeypatch):
-    """Each manager's variables give the process count and rank, and JAX's own detection is
-    handed only what the user gave; --single-process ignores them (each process a run of its
-    own) and joins nothing. Cloud TPU and Kubernetes are checked here only: no local install."""
+@pytest.mark.parametrize("case", sorted(MANAGED))
+def test_a_cluster_managers_processes_form_one_run_unless_single_process(case, monkeypatch):
+    """Each manager's variables give the process count and rank JAX reads, and JAX's own
+    detection is handed only what the user gave; --single-process ignores them (each process a
+    run of its own) and joins nothing. Cloud TPU and Kubernetes are checked here only: no local
+    install."""
     from jax_dp import distributed
 
-    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
-                 *(v for variables in MANAGED.values() for v in variables)):
+    for name in MANAGERS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    for name, value in MANAGED[manager].items():
+    variables, manager, (count, rank) = MANAGED[case]
+    for name, value in variables.items():
         monkeypatch.setenv(name, value)
     assert distributed.cluster_manager() == manager
-    assert (distributed.requested_processes(), distributed.requested_rank()) == (3, 2)
+    assert (distributed.requested_processes(), distributed.requested_rank()) == (count, rank)
     if manager != "a Kubernetes indexed Job":  # Whose count is JAX's own variable, set by the user.
         assert (distributed.requested_processes(managed=False),
                 distributed.requested_rank(managed=False)) == (1, 0)
@@ -395,7 +409,7 @@ def test_a_cluster_managers_processes_form_one_run_unless_single_process(manager
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: name)  # kubernetes installed.
     assert distributed.initialize() is True
     assert joined == [(None, 3 if manager == "a Kubernetes indexed Job" else None, None)]
-    assert distributed._joined == (3, 2)  # What the processes' agreement check counts on.
+    assert distributed._joined == (count, rank)  # What the processes' agreement check counts on.
     monkeypatch.setenv("JAX_PROCESS_ID", "0")  # What the user set wins, 0 too.
     assert distributed.requested_rank() == 0
 
@@ -405,8 +419,7 @@ def test_a_single_process_of_a_cluster_manager_joins_nothing(monkeypatch):
     JAX's Kubernetes detection needs the kubernetes package."""
     from jax_dp import distributed
 
-    for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
-                 *(v for variables in MANAGED.values() for v in variables)):
+    for name in MANAGERS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "1")
     assert distributed.cluster_manager() is None and distributed.requested_processes() == 1
@@ -415,6 +428,7 @@ def test_a_single_process_of_a_cluster_manager_joins_nothing(monkeypatch):
                                          "set JAX_NUM_PROCESSES to the Job's completions"):
         distributed.requested_processes()
     assert distributed.requested_processes(managed=False) == 1
+    assert distributed.requested_processes(2) == 2  # The flag wins, asking no manager.
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"pip install 'jax\[k8s\]'"):

@@ -12,7 +12,9 @@ for daemon in munged slurmctld slurmd; do
     || fail "$daemon not found: apt-get install slurm-wlm (Debian or Ubuntu)"
 done
 export PATH=$PATH:/usr/sbin
-if [ -e "$conf" ] && SLURM_CONF=$conf timeout 5 scontrol ping 2>/dev/null | grep -q UP; then
+alive() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+if [ -e "$conf" ] && alive "$dir/slurmctld.pid" && alive "$dir/slurmd.pid" \
+    && SLURM_CONF=$conf timeout 5 sinfo -h -o %T 2>/dev/null | grep -qxE 'idle|mixed|allocated'; then
   echo "$conf"; exit 0
 fi
 mkdir -p "$dir/state" "$dir/spool" /run/munge
@@ -43,7 +45,9 @@ NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
 export SLURM_CONF=$conf
-pkill -x slurmctld || true; pkill -x slurmd || true
+for pid in "$dir/slurmctld.pid" "$dir/slurmd.pid"; do  # This cluster's own, if left.
+  [ -e "$pid" ] && kill "$(cat "$pid")" 2>/dev/null && sleep 1 || true
+done
 slurmctld -c -f "$conf"
 slurmd -f "$conf"
 for _ in $(seq 60); do
