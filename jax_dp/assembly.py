@@ -25,11 +25,11 @@ def make_model(name: str, platform: str | None = None, **options) -> Model:
     """The model called name with options, built for platform (default: JAX's default
     backend's): a model that convolves gets the platform's convolution (jax_dp.xla_cpu) as its
     conv_grads option asks."""
-    if "conv_grads" not in models.model_options(name, options):
+    options = models.model_options(name, options)
+    if "conv_grads" not in options:
         return get_model(name, **options)
     from jax_dp.xla_cpu.conv import convolution
 
-    options = models.model_options(name, options)
     return get_model(name, convolution(options.pop("conv_grads"), platform or jax.default_backend()),
                      **options)
 

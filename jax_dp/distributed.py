@@ -281,6 +281,7 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     were given other configs or run options (each would apply its own lr to the same summed
     gradients, or their collectives would not match). Compared right after joining, before
     JAX's backend starts: processes that disagree on their devices cannot start it together."""
+    global _joined
     from orbax.checkpoint import multihost  # The runtime's key-value store: jax 0.10 names none.
 
     if _joined is None:
@@ -295,15 +296,9 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
     except ParamError:
         # Every process leaves the runtime together (shutdown is a barrier): otherwise process
         # 0's exit takes its coordinator away and JAX aborts a peer before it says why.
-        _left()
+        _joined = None  # This process is in no run any more.
         jax.distributed.shutdown()
         raise
-
-
-def _left() -> None:
-    """This process is in no run any more (what check_same reads)."""
-    global _joined
-    _joined = None
 
 
 def check_agree(runs: list[list[dict]]) -> None:

@@ -22,8 +22,8 @@ class Progress:
     """Reports each step of a run of epochs x per_epoch steps of global_batch examples: on a
     terminal (and asked for) as a bar with the run's ETA; where no bar shows, a line to log
     with the epoch's running loss and accuracy at most every log_every_s seconds (0: after
-    every call of steps; None: never). Every report_every global steps the same go to report (global
-    step, loss, accuracy, seconds per step)."""
+    every call of steps; None: never). Every report_every global steps the same go to report
+    (global step, loss, accuracy, seconds per step)."""
 
     def __init__(self, log: Callable[[str], None], *, epochs: int, per_epoch: int,
                  global_batch: int, bar: bool, log_every_s: float | None,
