@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 from pathlib import Path
-
-from jax_dp import files
 from typing import Callable
 
 
@@ -113,7 +109,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
                    help="SGD learning rate: one, or one per run")
     p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
     p.add_argument("--seed", type=int, default=0, help="seed of params and data order")
-    add_model_options(p, model)
+    add_option_flags(p, model)
     from jax_dp import backends
 
     p.add_argument("--backend", default="pmap", choices=backends.BACKENDS,
@@ -199,7 +195,7 @@ def training_parser(module: str, doc: str, model: str, *, devices: str, batch_si
     return p
 
 
-def add_model_options(p: argparse.ArgumentParser, model: str) -> None:
+def add_option_flags(p: argparse.ArgumentParser, model: str) -> None:
     """A flag for each option the model declares (models.declared): its default, its choices."""
     from jax_dp import models
 
@@ -208,8 +204,8 @@ def add_model_options(p: argparse.ArgumentParser, model: str) -> None:
                        default=option.default, choices=option.choices, help=option.help)
 
 
-def model_options(args) -> dict:
-    """The model options args' flags set (add_model_options')."""
+def options_from_flags(args) -> dict:
+    """The model options that args' flags set (add_option_flags')."""
     from jax_dp import models
 
     return {option.name: getattr(args, option.name)
@@ -236,5 +232,5 @@ def configs(args) -> list:
     # Every other field has a flag of its name: a field without one fails here, loudly.
     shared = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
               if f.name not in ("devices", "batch_size", "lr", "options")}
-    return [TrainConfig(**shared, options=model_options(args), devices=k, batch_size=b, lr=lr)
+    return [TrainConfig(**shared, options=options_from_flags(args), devices=k, batch_size=b, lr=lr)
             for k, b, lr in zip(args.devices, batch_sizes, lrs)]

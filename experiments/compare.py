@@ -27,7 +27,7 @@ def main(args) -> None:
     outputs.check_writable(args.json)
     outputs.check_writable(args.plot, plot=True)
     defaults = DEFAULTS.get(args.model, GENERIC)
-    options = models.model_options(args.model, cli.model_options(args))
+    options = models.model_options(args.model, cli.options_from_flags(args))
     batch_size = args.batch_size or defaults["batch_size"]
     lr = args.lr or defaults["lr"]
     if args.exact:
@@ -105,7 +105,7 @@ def parser():
                    "(jax_dp.exact): the differences are then zero")
     p.add_argument("--precision", default="float32", choices=["float32", "float64"],
                    help="float64 shows that what drift there is comes from float32 round-off")
-    cli.add_model_options(p, model)
+    cli.add_option_flags(p, model)
     p.add_argument("--seed", type=int, default=0, help="seed of params and batches")
     p.add_argument("--json", type=Path, help="write the full result (per-step divergence) here")
     p.add_argument("--plot", type=Path, help="write a PNG of divergence and throughput here")

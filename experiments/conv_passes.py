@@ -151,7 +151,7 @@ def main(args) -> None:
     """Find the layers, time each pass, print, and write the table with --write."""
     from jax_dp import models
 
-    options = models.model_options(args.model, cli.model_options(args))
+    options = models.model_options(args.model, cli.options_from_flags(args))
     xla_options.use(args.model)
     import jax
 
@@ -189,7 +189,7 @@ def parser():
     p = cli.parser("experiments.conv_passes", __doc__)
     model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model name or module path")
-    cli.add_model_options(p, model)
+    cli.add_option_flags(p, model)
     p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="images per device")
     p.add_argument("--repeats", type=cli.at_least(1), default=20,
                    help="timed calls per formulation")

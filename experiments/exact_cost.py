@@ -18,7 +18,7 @@ def main(args) -> None:
     from jax_dp.config import MICRO_BATCHES, check_exact
 
     outputs.check_writable(args.json)
-    options = models.model_options(args.model, cli.model_options(args))
+    options = models.model_options(args.model, cli.options_from_flags(args))
     for k in args.devices:
         check_exact("pmap", "psum", k)
     xla_options.use(args.model)
@@ -60,7 +60,7 @@ def parser():
     p = cli.parser("experiments.exact_cost", __doc__)
     model = cli.chosen_model("lenet")
     p.add_argument("--model", default="lenet", help="a model name or module path")
-    cli.add_model_options(p, model)
+    cli.add_option_flags(p, model)
     p.add_argument("--devices", type=cli.comma_list(int, "device counts"), default=[1, 2],
                    help="device counts, each dividing 8 (the exact mode's micro-batches)")
     p.add_argument("--batch-size", type=cli.at_least(1), default=256, help="global batch size")

@@ -1,15 +1,16 @@
 """A run's choices made into what runs it: the model (the platform's convolution, its compute
-dtype), the optimizer, and the program (the backend, the book's steps or the exact mode's, the
-all-reduce). The loop and the tools get them here, so none of them names a choice."""
+dtype), the optimizer, the program (the backend, the book's steps or the exact mode's, the
+all-reduce) and the feed. The loop gets them all in one call (assemble), the tools each piece
+here, so none of them names a choice."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import optax
 
-from jax_dp import data, models, schemes
+from jax_dp import data, feeds, models, schemes
 from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.exact import steps as exact_steps
@@ -19,6 +20,30 @@ from jax_dp.models.precision import computing_in
 from jax_dp.program import Program
 from jax_dp.step import make_steps
 from jax_dp.xla_cpu import auto_choices
+
+
+class Assembled(NamedTuple):
+    """What runs a config: its config line, model, optimizer, learning rate at each global step,
+    steps per epoch, program and feed."""
+    description: str
+    model: Model
+    tx: optax.GradientTransformation
+    learning_rate: optax.Schedule
+    steps_per_epoch: int
+    program: Program
+    feed: feeds.HostBatches | feeds.DeviceCalls
+
+
+def assemble(config: TrainConfig, devices: Sequence[jax.Device], platform: str,
+             train_data: data.Split, steps_per_call: int) -> Assembled:
+    """config made into what runs it on devices of platform, fed train_data steps_per_call
+    steps per call."""
+    model, tx = model_for(config, platform), optimizer(config)
+    program = program_for(config, model, tx, devices)
+    return Assembled(described(config, platform), model, tx, learning_rate(config),
+                     steps_per_epoch(config), program,
+                     feeds.make_feed(program, train_data, config.batch_size,
+                                     config.drop_remainder, steps_per_call))
 
 
 def make_model(name: str, platform: str | None = None, **options) -> Model:
@@ -36,7 +61,8 @@ def make_model(name: str, platform: str | None = None, **options) -> Model:
 
 def model_for(config: TrainConfig, platform: str) -> Model:
     """config's model with its options, built for platform, computing in config.compute_dtype."""
-    return computing_in(make_model(config.model, platform, **config.options), config.compute_dtype)
+    model = make_model(config.model, platform, **config.options)
+    return computing_in(model, config.compute_dtype)
 
 
 def described(config: TrainConfig, platform: str) -> str:

@@ -1,5 +1,5 @@
 """TrainConfig: everything that defines a training run, validated once, saved whole; RunOptions: how a
-run is kept and watched. No JAX in it."""
+run is kept and watched."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from jax_dp.backends.base import BACKENDS, check_allreduce
 from jax_dp.errors import ParamError, check_choice
-from jax_dp.models import MODELS
+from jax_dp.models import model_options
 
 # Where Fashion-MNIST is prepared from (jax_dp.data): Debian's files, TFDS's download, or the
 # first that is there. Every source prepares the same verified bytes, so it is no part of a run.
@@ -45,8 +45,7 @@ class TrainConfig:
     Where things are (data and checkpoint folders) and how the run is watched (progress,
     timeouts, checkpoint interval) are not part of it; the data's content is checked by
     hash whatever folder it comes from. `options` are the model's own (its module's
-    OPTIONS; models.model_options checks them, with the model's own check, and fills in the
-    defaults when a run starts: importing the model here would import JAX).
+    OPTIONS): checked here by the model's declaration and its own check, the defaults filled in.
     """
     model: str = "lenet"
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -65,12 +64,12 @@ class TrainConfig:
     test_examples: int = SIZES["test"]
 
     def __post_init__(self):
-        if self.model not in MODELS and "." not in self.model:
-            check_choice("model", self.model, tuple(MODELS) + ("a module path",))
         if not isinstance(self.options, dict):
             raise ParamError("options", f"{{}} must be a dict of the model's options, got "
                              f"{self.options!r}")
         check_choice("backend", self.backend, BACKENDS)
+        # Frozen: the one assignment, of the options completed.
+        object.__setattr__(self, "options", model_options(self.model, self.options, self.backend))
         check_allreduce(self.allreduce, self.backend)
         check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
         if self.exact:

@@ -29,12 +29,12 @@ class Program:
         self.backend = backend
         self.steps = steps
         self.pad_to = steps.pad_to or len(backend.devices)  # Rows a global batch is padded to.
-        compile, donated = self.backend.compile, (0,) if donate else ()
+        wrap, donated = self.backend.wrap, (0,) if donate else ()
         # A donated state's buffers become the step's outputs: the state passed in is gone.
-        self.wrapped = {"train": compile(steps.train_step, donate_argnums=donated),
-                        "calls": compile(feeds.scanned(steps.train_step), donate_argnums=donated)}
+        self.wrapped = {"train": wrap(steps.train_step, donate_argnums=donated),
+                        "calls": wrap(feeds.scanned(steps.train_step), donate_argnums=donated)}
         if steps.eval_step is not None:
-            self.wrapped["evaluate"] = compile(steps.eval_step)
+            self.wrapped["evaluate"] = wrap(steps.eval_step)
         self.compiled: dict[tuple, Callable] = {}  # (kind, data's shapes) -> compiled step.
 
     def place(self, state: TrainState) -> tuple[TrainState, dict]:
@@ -57,7 +57,7 @@ class Program:
     def compile(self, kind: str, *args) -> Callable:
         """The kind of step compiled ahead for args like these (placed), kept for every later
         call on data of their shape; memory_analysis() and as_text() where the backend allows."""
-        compiled = self.backend.precompile(self.wrapped[kind], *args)
+        compiled = self.backend.compile(self.wrapped[kind], *args)
         self.compiled[(kind, _shapes(args[-1]))] = compiled
         return compiled
 
@@ -73,7 +73,7 @@ class Program:
         """metrics plus a placed batch's sums (loss, correct, count)."""
         return self("evaluate", state, metrics, batch)
 
-    def run(self, state: TrainState, metrics: dict, batches: Iterable,
+    def train_batches(self, state: TrainState, metrics: dict, batches: Iterable,
             in_flight: dispatch.InFlight | None = None) -> tuple[TrainState, dict]:
         """state and metrics after a training step on each placed batch, at most
         dispatch.MAX_IN_FLIGHT steps ahead of the host; the last ones are waited for unless

@@ -18,7 +18,6 @@ from jax_dp.config import RunOptions, TrainConfig
 from jax_dp.devices import get_devices
 from jax_dp.errors import NamingError, ParamError
 from jax_dp.events import Events, Trace
-from jax_dp.models import model_options
 from jax_dp.program import Program
 from jax_dp.progress import Progress
 from jax_dp.step import TrainState, init_state
@@ -115,18 +114,14 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       host (replica 0)}.
     """
     _check_data(config, train_data, test_data)
-    config = dataclasses.replace(config, options=model_options(config.model, config.options,
-                                                               config.backend))
     steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
-    platform = jax.default_backend()
-    log(assembly.described(config, platform))
-    model, tx = assembly.model_for(config, platform), assembly.optimizer(config)
-    program = assembly.program_for(config, model, tx, get_devices(config.devices))
+    parts = assembly.assemble(config, get_devices(config.devices), jax.default_backend(),
+                                  train_data, steps_per_call)
+    log(parts.description)
+    program, feed, backend = parts.program, parts.feed, parts.program.backend
     key = jax.random.key(config.seed)
-    backend = program.backend
-    feed = feeds.make_feed(program, train_data, config.batch_size, config.drop_remainder,
-                           steps_per_call)
-    state, metrics = program.place(init_state(model, tx, jax.random.split(key)[0]))
+    state, metrics = program.place(init_state(parts.model, parts.tx,
+                                              jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
     ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
     events = trace = None
@@ -135,7 +130,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
             state, metrics, position = restored
             log(f"resuming from {run.checkpoint_dir} at epoch {position.epoch + 1}, "
                 f"step {position.step}")
-        per_epoch = assembly.steps_per_epoch(config)
+        per_epoch = parts.steps_per_epoch
         start_time = time.perf_counter()
         compiled = feed.compile(state, metrics, position.step)
         eval_batch = program.shard(data_lib.zero_batch(
@@ -157,7 +152,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         if run.logdir and distributed.is_primary():
             events = Events(run.logdir, dataclasses.asdict(config))
             trace = Trace(run.logdir, run.profile) if run.profile else None
-        lr = assembly.learning_rate(config)
+        lr = parts.learning_rate
         progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
                             global_batch=config.batch_size, bar=run.progress,
                             log_every_s=run.log_every, report_every=run.scalars_every,

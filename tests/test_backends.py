@@ -9,7 +9,6 @@ import pytest
 
 from jax_dp import assembly, data, parallel, schemes, train
 from experiments.measure import divergence
-from jax_dp.backends import make_backend
 from jax_dp.config import TrainConfig
 from jax_dp.devices import get_devices
 
@@ -146,10 +145,8 @@ def test_the_ring_sends_less_than_the_star_from_its_busiest_device():
     assert max(schemes.bytes_sent("ring", n, 8)) < max(schemes.bytes_sent("star", n, 8)) / 3
 
 
-def test_hand_made_allreduce_needs_pmap_and_unknown_names_are_refused():
+def test_hand_made_allreduce_needs_pmap_and_unknown_ones_are_refused():
     with pytest.raises(ValueError, match="allreduce ring is written for the pmap backend"):
         schemes.get_allreduce("ring", "jit")
     with pytest.raises(ValueError, match="unknown allreduce 'tree'"):
         schemes.get_allreduce("tree", "pmap")
-    with pytest.raises(ValueError, match="unknown backend 'xmap'"):
-        make_backend("xmap", get_devices(2))

@@ -369,8 +369,8 @@ def test_resuming_with_any_other_field_is_refused_naming_it(finished_checkpoint,
     value = OTHER_VALUES[field]
     if field in ("conv", "activation", "conv_grads"):
         config = dataclasses.replace(RUN, options={field: value})
-    else:
-        config = dataclasses.replace(RUN, **{field: value})
+    else:  # Another model comes with its own options.
+        config = dataclasses.replace(RUN, **{field: value}, **({"options": {}} if field == "model" else {}))
     train_split = tiny_split(32) if field == "train_examples" else SPLIT
     test = data.Split(SPLIT.images[:32], SPLIT.labels[:32]) if field == "test_examples" else SPLIT
     with pytest.raises(ParamError) as e:

@@ -90,7 +90,7 @@ class _Runner:
         program, backend = self.program, self.program.backend
         placed = program.shard(batch)
         start = time.perf_counter()
-        self.state, metrics = program.run(self.state, program.zero_metrics(), [placed])
+        self.state, metrics = program.train_batches(self.state, program.zero_metrics(), [placed])
         self.times.append(time.perf_counter() - start)  # run waited for the step.
         metrics = backend.unreplicate(metrics)
         self.losses.append(float(metrics["loss_sum"] / metrics["count"]))

@@ -88,7 +88,7 @@ def time_steps(model: Model, backend: str, devices: Sequence[jax.Device], batche
     per_step = []
     for _ in range(repeats):
         start = time.perf_counter()
-        state, metrics = program.run(state, metrics, placed)
+        state, metrics = program.train_batches(state, metrics, placed)
         per_step.append((time.perf_counter() - start) / len(placed))
     return {"compile_s": compile_s, "step_s": per_step}
 
@@ -127,7 +127,7 @@ def time_allreduce(scheme: str, floats: int, devices: Sequence[jax.Device], repe
     """Seconds per all-reduce (schemes.BY_NAME[scheme]) of floats float32 numbers held by
     every one of devices (several processes' included), each call waited for."""
     backend = make_backend("pmap", devices)
-    reduce = backend.compile(get_allreduce(scheme, "pmap"))
+    reduce = backend.wrap(get_allreduce(scheme, "pmap"))
     x = backend.shard(np.ones((len(devices), floats), np.float32))
 
     def run():
@@ -150,7 +150,7 @@ def time_fixed(model: Model, devices: Sequence[jax.Device], batch_size: int, rep
 
     def run():
         nonlocal state, metrics
-        state, metrics = program.run(state, metrics, [batch] * calls)
+        state, metrics = program.train_batches(state, metrics, [batch] * calls)
     run()
     return median_s(run, repeats, calls)
 

@@ -26,9 +26,10 @@ def check_allreduce(name: str, backend: str) -> None:
 class Backend:
     """How state and batches are placed on devices, and how a per-shard step is compiled.
 
-    compile(fn) takes fn written for one shard (collectives over `axis_name`) whose last
+    wrap(fn) takes fn written for one shard (collectives over `axis_name`) whose last
     argument is split over the devices and whose others are replicated, and returns it
-    to call on placed values. replicate puts one copy of a host tree on every device,
+    to call on placed values (jax.pmap's or jax.jit's wrapper: compiled on its first call, or
+    ahead by compile). replicate puts one copy of a host tree on every device,
     unreplicate reads one copy back; to_host and from_host move a placed tree whole,
     every device's copy included (they differ only where each device holds its own).
     """
@@ -47,8 +48,8 @@ class Backend:
     def unreplicate(self, tree: Any) -> Any:
         raise NotImplementedError
 
-    def compile(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> Callable:
-        """fn compiled for these devices."""
+    def wrap(self, fn: Callable, donate_argnums: tuple[int, ...] = ()) -> Callable:
+        """fn wrapped to run on these devices."""
         raise NotImplementedError
 
     def to_host(self, tree: Any) -> Any:
@@ -59,6 +60,6 @@ class Backend:
         """to_host's result placed back."""
         return self.replicate(tree)
 
-    def precompile(self, compiled: Callable, *args) -> Callable:
-        """compiled (compile's result) compiled ahead of time for args like these."""
-        return compiled.lower(*args).compile()
+    def compile(self, wrapped: Callable, *args) -> Callable:
+        """wrapped (wrap's result) compiled ahead of time for args like these."""
+        return wrapped.lower(*args).compile()

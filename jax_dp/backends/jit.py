@@ -16,5 +16,5 @@ class Jit(MeshBackend):
     """
     name, axis_name = "jit", None
 
-    def compile(self, fn, donate_argnums=()):
+    def wrap(self, fn, donate_argnums=()):
         return jax.jit(fn, out_shardings=self.replicated, donate_argnums=donate_argnums)

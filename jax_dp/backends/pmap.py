@@ -39,12 +39,12 @@ class Pmap(Backend):
     def from_host(self, tree):
         return jax.device_put(tree, parallel.device_sharding(self.local))
 
-    def compile(self, fn, donate_argnums=()):
+    def wrap(self, fn, donate_argnums=()):
         return jax.pmap(fn, axis_name=parallel.AXIS, devices=self.devices,
                         donate_argnums=donate_argnums)
 
-    def precompile(self, compiled, *args):
-        executable = compiled.lower(*args).compile()
+    def compile(self, wrapped, *args):
+        executable = wrapped.lower(*args).compile()
         # pmap's compiled form cannot take process-local arrays: keep the wrapped step,
         # which finds this executable in JAX's compilation cache.
-        return compiled if jax.process_count() > 1 else executable
+        return wrapped if jax.process_count() > 1 else executable

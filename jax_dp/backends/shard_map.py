@@ -17,7 +17,7 @@ class ShardMap(MeshBackend):
     """
     name, axis_name = "shard_map", AXIS
 
-    def compile(self, fn, donate_argnums=()):
+    def wrap(self, fn, donate_argnums=()):
         def run(*args):  # Every argument replicated but the last, the batch.
             specs = (P(),) * (len(args) - 1) + (P(AXIS),)
             # check_vma=False: the step's values are per device, as under pmap, and its own

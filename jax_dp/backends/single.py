@@ -25,5 +25,5 @@ class Single(Backend):
     def unreplicate(self, tree):
         return jax.tree.map(np.asarray, tree)
 
-    def compile(self, fn, donate_argnums=()):
+    def wrap(self, fn, donate_argnums=()):
         return jax.jit(fn, donate_argnums=donate_argnums)

@@ -72,10 +72,8 @@ def model_options(name: str, options: dict | None = None, backend: str | None = 
 
 def per_device_state(name: str, options: dict) -> bool:
     """Whether the model called name keeps a state of its own on each device with these options
-    (its module's per_device_state(options); False where it has none)."""
-    module = model_module(name)
-    return bool(getattr(module, "per_device_state", lambda options: False)(
-        model_options(name, options)))
+    (all of them, as TrainConfig holds them): its module's per_device_state(options), or False."""
+    return bool(getattr(model_module(name), "per_device_state", lambda options: False)(options))
 
 
 def get_model(name: str, convolution=None, **options):
