@@ -239,10 +239,13 @@ def test_a_second_run_on_a_folder_is_refused_until_the_first_is_killed(tmp_path)
 
 def test_a_resume_of_other_values_is_refused_and_another_folder_starts_afresh(tmp_path):
     """Catches the silent restart: the folder holds the lr 0.2 run only."""
-    assert lenet("--checkpoint-dir", str(tmp_path), "--epochs", "1").returncode == 0
-    one_line(lenet("--checkpoint-dir", str(tmp_path), "--epochs", "2", "--resume", "--lr", "0.3"), 2,
+    first, other, afresh = lenets(
+        ("--checkpoint-dir", str(tmp_path), "--epochs", "1"),
+        ("--checkpoint-dir", str(tmp_path), "--epochs", "2", "--resume", "--lr", "0.3"),
+        ("--checkpoint-dir", str(tmp_path / "new"), "--epochs", "1", "--resume", "--lr", "0.3"))
+    assert first.returncode == 0, first.stderr
+    one_line(other, 2,
              f"cannot resume: no run in {tmp_path} has this run's values; the nearest, "
              "bs64-lr0.2, was written with --lr 0.2, this run has --lr 0.3 (only a larger "
              "epochs may change): resume with the same values or use another --checkpoint-dir")
-    proc = lenet("--checkpoint-dir", str(tmp_path / "new"), "--epochs", "1", "--resume", "--lr", "0.3")
-    assert proc.returncode == 0 and "resuming" not in proc.stdout, proc.stderr
+    assert afresh.returncode == 0 and "resuming" not in afresh.stdout, afresh.stderr

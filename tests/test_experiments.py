@@ -156,8 +156,10 @@ def test_compare_refuses_a_batch_that_does_not_split():
 def test_a_resume_with_another_flag_is_refused_naming_the_flag_and_both_values(tmp_path):
     flags = ["--devices", "2", "--epochs", "1", "--train-examples", "64", "--test-examples", "32",
              "--batch-size", "16", "--checkpoint-dir", str(tmp_path), "--conv", "xla"]
-    assert run("experiments.lenet", *flags).returncode == 0
-    proc = run("experiments.lenet", *flags[:-1], "im2col", "--epochs", "2", "--resume")
+    first, proc = forked_commands((("experiments.lenet", *flags),
+                                   ("experiments.lenet", *flags[:-1], "im2col", "--epochs", "2",
+                                    "--resume")), dict(os.environ))
+    assert first.returncode == 0, first.stderr
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert ("was written with --conv 'xla', this run has --conv 'im2col' (only a larger epochs "
             "may change): resume with the same values or use another --checkpoint-dir") in proc.stderr

@@ -343,8 +343,9 @@ def finished_checkpoint(tmp_path_factory):
     return directory
 
 
-# A value unlike RUN's for every field of TrainConfig and every option of its model.
-OTHER_VALUES = {"model": "resnet18", "backend": "shard_map", "allreduce": "ring", "devices": 4,
+# A value unlike RUN's for every field of TrainConfig and every option of its model (another
+# model: a perceptron, whose params are made without running a network op by op).
+OTHER_VALUES = {"model": "tests.tiny_mlp", "backend": "shard_map", "allreduce": "ring", "devices": 4,
                 "batch_size": 32, "lr": 0.1, "warmup_epochs": 1.0, "epochs": 1, "seed": 1, "exact": True,
                 "compute_dtype": "bfloat16", "drop_remainder": True, "train_examples": 32, "test_examples": 32,
                 "conv": "xla", "activation": "softplus", "conv_grads": "xla"}
