@@ -28,8 +28,8 @@ def random_batches(n_steps, batch_size, size=28, dtype=np.float32, seed=0):
 def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_options):
     """SGD on k devices from seed 0's params (as dtype): placed state, host state, host metrics."""
     tx = optax.sgd(lr)
-    steps = assembly.build(model, tx, backend, get_devices(k), **step_options)
-    b = steps.backend
+    program = assembly.build(model, tx, backend, get_devices(k), **step_options)
+    b = program.backend
     # On the host, so each backend places (and may donate) its own copy. Made without x64
     # even for float64, so float32 and float64 runs share the init's compiled random ops.
     with jax.enable_x64(False):
@@ -38,7 +38,7 @@ def run_steps(model, backend, k, batches, *, lr, dtype=jnp.float32, **step_optio
     # Metrics in dtype too: float32 sums would come back float64 and compile the step again.
     state, metrics = b.replicate(init), b.replicate(divergence.cast(step_lib.zero_metrics(), dtype))
     for batch in batches:
-        state, metrics = steps.train(state, metrics, b.shard(batch))
+        state, metrics = program.train(state, metrics, b.shard(batch))
     return state, b.unreplicate(state), b.unreplicate(metrics)
 
 

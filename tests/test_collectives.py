@@ -26,11 +26,11 @@ BATCH_NORM_REDUCES = {"lenet": 0, "tiny_resnet": 10}
 def all_reduce_operands(backend, model):
     """The operand shapes of each all-reduce in the compiled step, for 2 devices."""
     tx = optax.sgd(0.1)
-    steps = assembly.build(model, tx, backend, get_devices(2))
-    b = steps.backend
+    built = assembly.build(model, tx, backend, get_devices(2))
+    b = built.backend
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})
-    hlo = steps.lower("train", b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
+    hlo = built.lower("train", b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
                                   b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
     return [line.split(" = ")[1].split(" all-reduce")[0] for line in hlo.splitlines()
             if " all-reduce(" in line or " all-reduce-start(" in line]

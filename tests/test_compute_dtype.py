@@ -31,12 +31,12 @@ def batches(fashion_train_6k):
 def run(model, batches, k, compute_dtype):
     """10 SGD steps with momentum: the state and the mean loss over the steps."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = assembly.build(computing_in(model, compute_dtype), tx, "pmap", get_devices(k))
-    b = steps.backend
+    program = assembly.build(computing_in(model, compute_dtype), tx, "pmap", get_devices(k))
+    b = program.backend
     state, metrics = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
     for batch in batches:
-        state, metrics = steps.train(state, metrics, b.shard(batch))
+        state, metrics = program.train(state, metrics, b.shard(batch))
     metrics = b.unreplicate(metrics)
     return b.unreplicate(state), float(metrics["loss_sum"] / metrics["count"])
 
@@ -78,12 +78,12 @@ def test_the_model_computes_in_bfloat16_and_the_loss_in_float32():
 def test_gradients_are_summed_over_devices_in_float32(name):
     """Catches a gradient all-reduce in bfloat16: every all-reduce of the step is float32."""
     model, tx = MODELS[name], optax.sgd(0.1)
-    steps = assembly.build(computing_in(model, "bfloat16"), tx, "shard_map", get_devices(2))
-    b = steps.backend
+    program = assembly.build(computing_in(model, "bfloat16"), tx, "shard_map", get_devices(2))
+    b = program.backend
     state = b.replicate(step_lib.init_state(model, tx, jax.random.key(0)))
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})
-    hlo = steps.lower("train", state, b.replicate(step_lib.zero_metrics()), batch).as_text()
+    hlo = program.lower("train", state, b.replicate(step_lib.zero_metrics()), batch).as_text()
     reduces = [line for line in hlo.splitlines() if "all_reduce" in line or "all-reduce" in line]
     assert reduces and not any("bf16" in line for line in reduces)
 

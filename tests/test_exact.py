@@ -44,11 +44,11 @@ def exact_run(backend, k, batches, model=LENET, lr=0.1):
     """SGD steps with momentum (an optimizer state to compare): the state, and each step's
     metrics (a running sum would round a last-bit difference of one step away)."""
     tx = optax.sgd(lr, momentum=0.9)
-    steps = assembly.build(model, tx, backend, get_devices(k), exact=True)
-    b = steps.backend
+    program = assembly.build(model, tx, backend, get_devices(k), exact=True)
+    b = program.backend
     state, per_step = b.replicate(step_lib.init_state(model, tx, jax.random.key(0))), []
     for batch in batches:
-        state, metrics = steps.train(state, b.replicate(step_lib.zero_metrics()), b.shard(batch))
+        state, metrics = program.train(state, b.replicate(step_lib.zero_metrics()), b.shard(batch))
         per_step.append(b.unreplicate(metrics))
     return b.unreplicate(state), per_step
 
@@ -93,12 +93,12 @@ def test_a_resnet_on_k_devices_gives_one_devices_bits_after_5_steps(five_batches
 def test_the_normal_mode_is_not_exact(twenty_batches, one_device):
     """The comparison can fail: psum's sums on 8 devices move the bits."""
     tx = optax.sgd(0.1, momentum=0.9)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(8))
-    b = steps.backend
+    program = assembly.build(LENET, tx, "pmap", get_devices(8))
+    b = program.backend
     state, metrics = b.replicate(step_lib.init_state(LENET, tx, jax.random.key(0))), \
         b.replicate(step_lib.zero_metrics())
     for batch in twenty_batches:
-        state, metrics = steps.train(state, metrics, b.shard(batch))
+        state, metrics = program.train(state, metrics, b.shard(batch))
     assert bits(b.unreplicate(state).params) != bits(one_device[0].params)
 
 

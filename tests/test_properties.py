@@ -96,7 +96,7 @@ def last_gradient():
 
 
 @functools.lru_cache(maxsize=None)
-def pmap_steps(k):
+def pmap_program(k):
     return assembly.build(LENET, last_gradient(), "pmap", get_devices(k))
 
 
@@ -113,11 +113,11 @@ def test_gradient_from_k_shards_equals_the_whole_batch_gradient(k, per_device, s
     b = batch_of(k * per_device, seed)
     params, model_state = LENET.init(jax.random.key(seed))
     whole = whole_grad(params, b["image"], b["label"])
-    steps = pmap_steps(k)  # The gradient train_step itself hands the optimizer, on k devices.
+    program = pmap_program(k)  # The gradient train_step itself hands the optimizer, on k devices.
     state = step_lib.TrainState(params, model_state, last_gradient().init(params))
-    state, _ = steps.train(steps.backend.replicate(state),
-                                 steps.backend.replicate(step_lib.zero_metrics()), steps.backend.shard(b))
-    split = steps.backend.unreplicate(state).opt_state
+    state, _ = program.train(program.backend.replicate(state),
+                           program.backend.replicate(step_lib.zero_metrics()), program.backend.shard(b))
+    split = program.backend.unreplicate(state).opt_state
     scale = per_example_abs_grad_sum(params, b["image"], b["label"])
     # Re-associating a sum of n terms moves it by at most ~2n eps times their absolute sum;
     # the step's mean divides by the B = k * per_device examples (one more rounding).
@@ -133,11 +133,11 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
     perm = np.random.default_rng(seed + 1).permutation(k * per_device)
     shuffled = {name: v[perm] for name, v in b.items()}
     tx = optax.sgd(lr)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
+    program = assembly.build(LENET, tx, "pmap", get_devices(k))
     state = step_lib.init_state(LENET, tx, jax.random.key(seed))
-    after = [steps.backend.unreplicate(steps.train(
-        steps.backend.replicate(state), steps.backend.replicate(step_lib.zero_metrics()),
-        steps.backend.shard(batch))[0]).params for batch in (b, shuffled)]
+    after = [program.backend.unreplicate(program.train(
+        program.backend.replicate(state), program.backend.replicate(step_lib.zero_metrics()),
+        program.backend.shard(batch))[0]).params for batch in (b, shuffled)]
     scale = per_example_abs_grad_sum(state.params, b["image"], b["label"])
     n = k * per_device * 26 * 26
     for x, y, s in zip(jax.tree.leaves(after[0]), jax.tree.leaves(after[1]), jax.tree.leaves(scale)):
@@ -148,12 +148,12 @@ def test_shuffling_a_batch_changes_the_update_only_by_round_off(k, per_device, s
 
 def run(k, batches, lr=0.3):
     tx = optax.sgd(lr)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
-    state = steps.backend.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
-    metrics = steps.backend.replicate(step_lib.zero_metrics())
+    program = assembly.build(LENET, tx, "pmap", get_devices(k))
+    state = program.backend.replicate(step_lib.init_state(LENET, tx, jax.random.key(0)))
+    metrics = program.backend.replicate(step_lib.zero_metrics())
     for batch in batches:
-        state, metrics = steps.train(state, metrics, steps.backend.shard(batch))
-    return state, steps.wrapped["train"]
+        state, metrics = program.train(state, metrics, program.backend.shard(batch))
+    return state, program.wrapped["train"]
 
 
 def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
@@ -167,11 +167,11 @@ def test_pmap_and_fake_pmap_runs_equal_an_independent_pytorch_step(k=4):
         runs = {}
         for name in ("pmap", "fake_pmap"):
             with chex.fake_pmap(enable_patching=name == "fake_pmap"):
-                steps = assembly.build(LENET, tx, "pmap", get_devices(k))
-                assert hasattr(steps.wrapped["train"], "lower") == (name == "pmap")  # vmap, not pmap.
-                b = steps.backend
+                program = assembly.build(LENET, tx, "pmap", get_devices(k))
+                assert hasattr(program.wrapped["train"], "lower") == (name == "pmap")  # vmap, not pmap.
+                b = program.backend
                 # The vmap, jitted: one compilation instead of one per operation.
-                step = steps.train if name == "pmap" else jax.jit(steps.train)
+                step = program.train if name == "pmap" else jax.jit(program.train)
                 out, _ = step(b.replicate(state), b.replicate(
                     divergence.cast(step_lib.zero_metrics(), jnp.float64)), b.shard(b64))
                 runs[name] = b.unreplicate(out).params
@@ -235,7 +235,7 @@ def test_evaluation_counts_every_example_for_any_batch_size(k, n, batch_size, la
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]  # Always predicts `label`.
     tx = optax.sgd(0.1)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
-    totals = train.evaluate(steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params))),
+    program = assembly.build(LENET, tx, "pmap", get_devices(k))
+    totals = train.evaluate(program, program.backend.replicate(step_lib.TrainState(params, {}, tx.init(params))),
                             split, batch_size)
     assert totals["count"] == n and totals["correct"] == np.sum(labels == label)

@@ -155,11 +155,11 @@ def test_local_batchnorm_statistics_differ_between_replicas():
 
 def test_evaluation_is_deterministic_and_counts_every_example():
     tx = optax.sgd(0.1)
-    steps = assembly.build(TINY, tx, "pmap", get_devices(4))
-    state = steps.backend.replicate(step_lib.init_state(TINY, tx, jax.random.key(0)))
+    program = assembly.build(TINY, tx, "pmap", get_devices(4))
+    state = program.backend.replicate(step_lib.init_state(TINY, tx, jax.random.key(0)))
     rng = np.random.default_rng(0)
     split = data.Split(rng.random((13, 8, 8, 1), np.float32), rng.integers(0, 10, 13).astype(np.int32))
-    first, second = (train.evaluate(steps, state, split, batch_size=6) for _ in range(2))
+    first, second = (train.evaluate(program, state, split, batch_size=6) for _ in range(2))
     assert first == second and first["count"] == 13
 
 

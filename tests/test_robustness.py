@@ -161,10 +161,10 @@ def test_the_step_leaves_the_state_alone_once_it_is_not_finite():
     batch = padded_and_exact(8, 2)[0]
     batch["image"][0, 0, 0, 0] = np.nan
     tx = optax.sgd(0.1)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(2))
-    b = steps.backend
+    program = assembly.build(LENET, tx, "pmap", get_devices(2))
+    b = program.backend
     state0 = step_lib.init_state(LENET, tx, jax.random.key(0))
-    state, metrics = steps.train(b.replicate(state0), b.replicate(step_lib.zero_metrics()), b.shard(batch))
+    state, metrics = program.train(b.replicate(state0), b.replicate(step_lib.zero_metrics()), b.shard(batch))
     m = b.unreplicate(metrics)
     assert m["first_bad"] == 0 and m["steps"] == 1
     assert train.param_names(state0.params)[m["bad_part"] - 1] == "conv1/w"

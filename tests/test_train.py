@@ -61,23 +61,23 @@ def constant_prediction_state(k, label):
     params = jax.tree.map(np.zeros_like, LENET.init(jax.random.key(0))[0])
     params["fc2"]["b"] = np.eye(10, dtype=np.float32)[label]
     tx = optax.sgd(0.1)
-    steps = assembly.build(LENET, tx, "pmap", get_devices(k))
-    return steps, steps.backend.replicate(step_lib.TrainState(params, {}, tx.init(params)))
+    program = assembly.build(LENET, tx, "pmap", get_devices(k))
+    return program, program.backend.replicate(step_lib.TrainState(params, {}, tx.init(params)))
 
 
 @pytest.mark.parametrize("k,batch_size", [(1, 3), (2, 4), (4, 7), (8, 5)])
 def test_evaluate_accuracy_is_exact_on_a_constructed_case(k, batch_size):
     labels = np.array([3, 3, 1, 3, 0, 9, 3, 2, 2, 5, 3], np.int32)  # 5 of 11 are 3.
     split = data.Split(np.zeros((11, 28, 28, 1), np.float32), labels)
-    steps, state = constant_prediction_state(k, 3)
-    assert train.evaluate_accuracy(steps, state, split, batch_size) == 5 / 11
+    program, state = constant_prediction_state(k, 3)
+    assert train.evaluate_accuracy(program, state, split, batch_size) == 5 / 11
 
 
 @pytest.mark.parametrize("k,batch_size", [(1, 999), (2, 256), (8, 333)])
 def test_evaluation_counts_all_10000_test_examples(fashion_test, k, batch_size):
     assert 10_000 % batch_size
-    steps, state = constant_prediction_state(k, 7)
-    totals = train.evaluate(steps, state, fashion_test, batch_size)
+    program, state = constant_prediction_state(k, 7)
+    totals = train.evaluate(program, state, fashion_test, batch_size)
     assert totals["count"] == 10_000
     assert totals["correct"] == 1_000  # Exactly the test set's 1,000 images of class 7.
 
@@ -153,11 +153,11 @@ def test_evaluation_never_counts_a_padded_row_as_correct():
                         lambda params, state, x, mask, *, train, axis_name: (
                             jax.numpy.zeros((x.shape[0], 10)).at[:, 0].set(1.0) + params["b"],
                             state))
-    steps = assembly.build(zero, optax.sgd(0.1), "pmap", get_devices(4))
-    state = steps.backend.replicate(step_lib.init_state(zero, optax.sgd(0.1), jax.random.key(0)))
+    program = assembly.build(zero, optax.sgd(0.1), "pmap", get_devices(4))
+    state = program.backend.replicate(step_lib.init_state(zero, optax.sgd(0.1), jax.random.key(0)))
     labels = np.array([0, 1, 0, 2, 3, 0, 4, 5, 6, 7, 8, 9, 1], np.int32)
     split = data.Split(np.zeros((13, 28, 28, 1), np.float32), labels)
-    totals = train.evaluate(steps, state, split, batch_size=16)
+    totals = train.evaluate(program, state, split, batch_size=16)
     assert totals["count"] == 13 and totals["correct"] == 3
 
 
