@@ -21,13 +21,18 @@ GENERIC = {"batch_size": 256, "lr": 0.1}
 def main(args) -> None:
     """Run the comparison and print its table."""
     from jax_dp import assembly, data, devices, models
+    from jax_dp.backends import BACKENDS
     from jax_dp.config import MICRO_BATCHES, check_exact
+    from jax_dp.errors import check_choice
     from experiments.measure import divergence
 
     outputs.check_writable(args.json)
     outputs.check_writable(args.plot, plot=True)
     defaults = DEFAULTS.get(args.model, GENERIC)
     options = models.model_options(args.model, cli.options_from_flags(args))
+    for backend in args.backends:  # Each name, and the model's own rules on each backend.
+        check_choice("backends", backend, BACKENDS)
+        models.model_options(args.model, options, backend)
     batch_size = args.batch_size or defaults["batch_size"]
     lr = args.lr or defaults["lr"]
     if args.exact:

@@ -23,9 +23,8 @@ from jax_dp.xla_cpu import auto_choices
 
 
 class Assembled(NamedTuple):
-    """What runs a config: its config line, model, optimizer, learning rate at each global step,
-    steps per epoch, program and feed."""
-    description: str
+    """What runs a config: its model, optimizer, learning rate at each global step, steps per
+    epoch, program and feed."""
     model: Model
     tx: optax.GradientTransformation
     learning_rate: optax.Schedule
@@ -40,8 +39,7 @@ def assemble(config: TrainConfig, devices: Sequence[jax.Device], platform: str,
     steps per call."""
     model, tx = model_for(config, platform), optimizer(config)
     program = program_for(config, model, tx, devices)
-    return Assembled(described(config, platform), model, tx, learning_rate(config),
-                     steps_per_epoch(config), program,
+    return Assembled(model, tx, learning_rate(config), steps_per_epoch(config), program,
                      feeds.make_feed(program, train_data, config.batch_size,
                                      config.drop_remainder, steps_per_call))
 

@@ -74,7 +74,7 @@ class Program:
         return self("evaluate", state, metrics, batch)
 
     def train_batches(self, state: TrainState, metrics: dict, batches: Iterable,
-            in_flight: dispatch.InFlight | None = None) -> tuple[TrainState, dict]:
+                      in_flight: dispatch.InFlight | None = None) -> tuple[TrainState, dict]:
         """state and metrics after a training step on each placed batch, at most
         dispatch.MAX_IN_FLIGHT steps ahead of the host; the last ones are waited for unless
         in_flight is given."""

@@ -115,9 +115,10 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     """
     _check_data(config, train_data, test_data)
     steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
-    parts = assembly.assemble(config, get_devices(config.devices), jax.default_backend(),
-                                  train_data, steps_per_call)
-    log(parts.description)
+    platform = jax.default_backend()
+    log(assembly.described(config, platform))
+    parts = assembly.assemble(config, get_devices(config.devices), platform, train_data,
+                              steps_per_call)
     program, feed, backend = parts.program, parts.feed, parts.program.backend
     key = jax.random.key(config.seed)
     state, metrics = program.place(init_state(parts.model, parts.tx,

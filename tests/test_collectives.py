@@ -31,7 +31,7 @@ def all_reduce_operands(backend, model):
     batch = b.shard({"image": np.zeros((8, 28, 28, 1), np.float32), "label": np.zeros(8, np.int32),
                      "mask": np.ones(8, np.float32)})
     hlo = built.lower("train", b.replicate(step_lib.init_state(model, tx, jax.random.key(0))),
-                                  b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
+                      b.replicate(step_lib.zero_metrics()), batch).compile().as_text()
     return [line.split(" = ")[1].split(" all-reduce")[0] for line in hlo.splitlines()
             if " all-reduce(" in line or " all-reduce-start(" in line]
 

@@ -145,12 +145,19 @@ def test_compare_prints_the_table_and_writes_json_and_plot(tmp_path):
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
-def test_compare_refuses_a_batch_that_does_not_split():
-    proc = run("experiments.compare", "--devices", "1,4", "--batch-size", "6",
-               env={"JAX_DP_NO_TCMALLOC": "1"})
-    assert proc.returncode == 2
-    assert proc.stderr == ("python -m experiments.compare: error: --batch-size 6 does not split "
-                           "over 4 devices: use a multiple of every device count\n")
+def test_compare_refuses_what_it_cannot_compare_in_one_line():
+    """A batch that does not split, an unknown backend, a model option a backend cannot hold."""
+    split, backend, bn = forked_commands((
+        ("experiments.compare", "--devices", "1,4", "--batch-size", "6"),
+        ("experiments.compare", "--backends", "pmap,xmap"),
+        ("experiments.compare", "--model", "tests.tiny_resnet", "--bn", "local", "--backends",
+         "pmap,shard_map")), dict(os.environ))
+    assert [p.returncode for p in (split, backend, bn)] == [2, 2, 2]
+    assert split.stderr == ("python -m experiments.compare: error: --batch-size 6 does not split "
+                            "over 4 devices: use a multiple of every device count\n")
+    assert backend.stderr == ("python -m experiments.compare: error: unknown --backends 'xmap': "
+                              "use one of pmap, shard_map, jit, single\n")
+    assert bn.stderr.count("\n") == 1 and "--bn local keeps statistics per device" in bn.stderr
 
 
 def test_a_resume_with_another_flag_is_refused_naming_the_flag_and_both_values(tmp_path):

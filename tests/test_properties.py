@@ -116,7 +116,7 @@ def test_gradient_from_k_shards_equals_the_whole_batch_gradient(k, per_device, s
     program = pmap_program(k)  # The gradient train_step itself hands the optimizer, on k devices.
     state = step_lib.TrainState(params, model_state, last_gradient().init(params))
     state, _ = program.train(program.backend.replicate(state),
-                           program.backend.replicate(step_lib.zero_metrics()), program.backend.shard(b))
+                             program.backend.replicate(step_lib.zero_metrics()), program.backend.shard(b))
     split = program.backend.unreplicate(state).opt_state
     scale = per_example_abs_grad_sum(params, b["image"], b["label"])
     # Re-associating a sum of n terms moves it by at most ~2n eps times their absolute sum;

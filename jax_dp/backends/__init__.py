@@ -13,8 +13,9 @@ __all__ = ["ALLREDUCES", "BACKENDS", "Backend", "check_allreduce", "make_backend
 
 
 def make_backend(name: str, devices: Sequence[jax.Device]) -> Backend:
-    """The backend called name (one of BACKENDS, as TrainConfig checks it) over devices."""
-    from jax_dp.backends import jit, pmap, shard_map, single  # JAX starts to load here.
+    """The backend called name over devices: one of BACKENDS, as TrainConfig (or the command
+    that builds one) has checked."""
+    from jax_dp.backends import jit, pmap, shard_map, single  # The backends load here.
 
     makers = {"single": single.Single, "pmap": pmap.Pmap, "shard_map": shard_map.ShardMap,
               "jit": jit.Jit}

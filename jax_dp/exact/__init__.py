@@ -11,5 +11,5 @@ recursive doubling (micro.py). One device computes the same tree.
 A model without batch statistics is run whole on each micro-batch. BatchNorm ties a batch's
 examples together, so a model with it runs each layer on the micro-batches instead (layers.py
 swaps its Flax module's layer types), its statistics summed in the same tree (batch_norm.py).
-steps.make_steps builds the steps; program.build chooses it over jax_dp.step.make_steps.
+steps.make_steps builds the steps; assembly.build chooses it over jax_dp.step.make_steps.
 """
