@@ -39,6 +39,9 @@ def main(commands: list[list[str]]) -> list[dict]:
     import experiments.process  # noqa: F401
     import jax_dp.train  # noqa: F401
 
+    # A fork cannot restart itself under tcmalloc (experiments.process): that would start this
+    # module, every command, again.
+    os.environ["JAX_DP_NO_TCMALLOC"] = "1"
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, command in enumerate(commands):

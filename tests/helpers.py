@@ -113,11 +113,8 @@ def latest_checkpoint(directory):
 def forked_commands(commands: tuple[tuple[str, ...], ...], env: dict) -> list:
     """Each `python -m` command (module, *flags) run as tests/forked.py runs them, all from one
     fresh interpreter: CompletedProcess-like results, in order."""
-    # A forked command must not restart itself under tcmalloc (experiments.process): that would
-    # start tests.forked, every command, again.
     proc = subprocess.run([sys.executable, "-m", "tests.forked", json.dumps(commands)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**env, "JAX_DP_NO_TCMALLOC": "1"},
+                          capture_output=True, text=True, timeout=600, env=env,
                           cwd=Path(__file__).parents[1])
     assert proc.returncode == 0, proc.stderr
     return [SimpleNamespace(**r) for r in json.loads(proc.stdout)]

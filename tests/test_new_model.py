@@ -19,7 +19,7 @@ FLAGS = ["--model", MLP, "--hidden", "16", "--train-examples", "2048", "--test-e
 def cli(*runs):
     """Each run's flags to `python -m experiments.train`, in order, from one interpreter."""
     return forked_commands(tuple(("experiments.train", *flags) for flags in runs),
-                           {**os.environ, "JAX_DP_NO_TCMALLOC": "1"})
+                           dict(os.environ))
 
 
 def untimed(path):
