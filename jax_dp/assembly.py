@@ -20,6 +20,7 @@ from jax_dp.models.precision import computing_in
 from jax_dp.program import Program
 from jax_dp.step import make_steps
 from jax_dp.xla_cpu import auto_choices
+from jax_dp.xla_cpu.conv import convolution
 
 
 class Assembled(NamedTuple):
@@ -45,22 +46,25 @@ def assemble(config: TrainConfig, devices: Sequence[jax.Device], platform: str,
 
 
 def make_model(name: str, platform: str | None = None, **options) -> Model:
-    """The model called name with options, built for platform (default: JAX's default
-    backend's): a model that convolves gets the platform's convolution (jax_dp.xla_cpu) as its
-    conv_grads option asks."""
-    options = models.model_options(name, options)
-    if "conv_grads" not in options:
-        return get_model(name, **options)
-    from jax_dp.xla_cpu.conv import convolution
-
-    return get_model(name, convolution(options.pop("conv_grads"), platform or jax.default_backend()),
-                     **options)
+    """The model called name with options (the model's declaration checks them), built for
+    platform (default: JAX's default backend's)."""
+    return _built(name, models.model_options(name, options), platform)
 
 
 def model_for(config: TrainConfig, platform: str) -> Model:
-    """config's model with its options, built for platform, computing in config.compute_dtype."""
-    model = make_model(config.model, platform, **config.options)
-    return computing_in(model, config.compute_dtype)
+    """config's model with its options (checked by the config), built for platform, computing
+    in config.compute_dtype."""
+    return computing_in(_built(config.model, config.options, platform), config.compute_dtype)
+
+
+def _built(name: str, options: dict, platform: str | None) -> Model:
+    """The model called name with its options complete: a model that convolves gets the
+    platform's convolution (jax_dp.xla_cpu) as its conv_grads option asks."""
+    options = dict(options)
+    if "conv_grads" not in options:
+        return get_model(name, **options)
+    grads = options.pop("conv_grads")
+    return get_model(name, convolution(grads, platform or jax.default_backend()), **options)
 
 
 def described(config: TrainConfig, platform: str) -> str:

@@ -77,10 +77,12 @@ def per_device_state(name: str, options: dict) -> bool:
 
 
 def get_model(name: str, convolution=None, **options):
-    """The Model called name, built with options (model_options fills in the defaults). A model
-    that convolves does so with convolution (XLA's own where None); jax_dp.assembly.make_model
-    turns its conv_grads option into its platform's convolution."""
-    options = model_options(name, options)
+    """The Model called name, built with options (checked already: TrainConfig or
+    model_options), the defaults filled in. A model that convolves does so with convolution
+    (XLA's own where None); jax_dp.assembly.make_model turns its conv_grads option into its
+    platform's convolution."""
+    module = model_module(name)
+    options = {**{option.name: option.default for option in declared(module)}, **options}
     if "conv_grads" in options:
         grads = options.pop("conv_grads")
         if convolution is None and grads != "auto":
@@ -88,7 +90,7 @@ def get_model(name: str, convolution=None, **options):
                              "build the model with jax_dp.assembly.make_model")
         if convolution is not None:
             options["convolution"] = convolution
-    return model_module(name).make(**options)
+    return module.make(**options)
 
 
 def param_bytes(name: str, **options) -> int:
