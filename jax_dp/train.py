@@ -137,9 +137,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
         eval_batch = program.shard(data_lib.zero_batch(
             data_lib.padded_size(config.batch_size, program.pad_to), test_data.images.shape[1:]))
         compiled.append(program.compile("evaluate", state, metrics, eval_batch))
-        local = [d for d in backend.devices if d.process_index == jax.process_index()]
         needs_at = lambda b: memory.step_bytes(feed.compiled_for(state, metrics, b))  # noqa: E731
-        memory.check_fits(compiled, local, config.batch_size, program.pad_to, needs_at)
+        memory.check_fits(compiled, backend.local, config.batch_size, program.pad_to, needs_at)
         compile_s = time.perf_counter() - start_time
 
         def summary() -> dict:  # Reads position when called: the history so far.

@@ -37,7 +37,11 @@ class Backend:
     axis_name: str | None
 
     def __init__(self, devices: Sequence[jax.Device]):
+        import jax
+
         self.devices = tuple(devices)
+        # This process's devices: in a multi-process run, devices spans every process.
+        self.local = tuple(d for d in self.devices if d.process_index == jax.process_index())
 
     def replicate(self, tree: Any) -> Any:
         raise NotImplementedError

@@ -19,7 +19,6 @@ class Pmap(Backend):
 
     def __init__(self, devices):
         super().__init__(devices)
-        self.local = tuple(d for d in self.devices if d.process_index == jax.process_index())
         self.processes = len({d.process_index for d in self.devices})
 
     def replicate(self, tree):
