@@ -54,7 +54,8 @@ def make_model(name: str, platform: str | None = None, **options) -> Model:
 def model_for(config: TrainConfig, platform: str) -> Model:
     """config's model with its options (checked by the config), built for platform, computing
     in config.compute_dtype."""
-    return computing_in(_built(config.model, config.options, platform), config.compute_dtype)
+    model = _built(config.model, config.options, platform)
+    return computing_in(model, config.compute_dtype)
 
 
 def _built(name: str, options: dict, platform: str | None) -> Model:

@@ -276,7 +276,7 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
+def check_same(configs: list, run_options=None, timeout_s: float = 60.0) -> None:
     """Refuse, in one line naming the flags and processes, a multi-process run whose processes
     were given other configs or run options (each would apply its own lr to the same summed
     gradients, or their collectives would not match). Compared right after joining, before
@@ -288,7 +288,8 @@ def check_same(configs: list, run=None, timeout_s: float = 60.0) -> None:
         return
     processes, rank = _joined
     client = multihost.get_jax_distributed_client()
-    client.key_value_set(f"jax_dp/agreed/{rank}", json.dumps(agreed(configs, run), sort_keys=True))
+    client.key_value_set(f"jax_dp/agreed/{rank}", json.dumps(agreed(configs, run_options),
+                                                               sort_keys=True))
     runs = [json.loads(client.blocking_key_value_get(f"jax_dp/agreed/{i}", int(timeout_s * 1000)))
             for i in range(processes)]
     try:
@@ -317,10 +318,11 @@ def check_agree(runs: list[list[dict]]) -> None:
 AGREED_OPTIONS = ("checkpoint_every", "steps_per_call")
 
 
-def agreed(configs: list, run=None) -> list[dict]:
+def agreed(configs: list, run_options=None) -> list[dict]:
     """What the processes of a run must agree on: every field of every run's config, and the
-    run options that decide where its collectives fall (AGREED_OPTIONS of run, a RunOptions)."""
-    options = {name: getattr(run, name) for name in AGREED_OPTIONS} if run is not None else {}
+    run options that decide where its collectives fall (AGREED_OPTIONS of run_options)."""
+    options = ({name: getattr(run_options, name) for name in AGREED_OPTIONS}
+               if run_options is not None else {})
     return [{**c.fields(), **options} for c in configs]
 
 

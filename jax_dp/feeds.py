@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_dp import data
+from jax_dp import data, memory
 
 if TYPE_CHECKING:
     from jax_dp.program import Program
@@ -108,6 +108,20 @@ def make_feed(program: Program, train_data: data.Split, batch_size: int, drop_re
     return DeviceCalls(program, train_data, batch_size, drop_remainder, steps_per_call)
 
 
+def compile_run(feed: HostBatches | DeviceCalls, state, metrics, start: int,
+                test_image: tuple[int, ...]) -> None:
+    """Compile ahead every step a run calls (feed's training calls from step start on, and
+    evaluation on batches of test_image images) and refuse, in one line, steps that would not
+    fit in memory (memory.check_fits)."""
+    program = feed.program
+    compiled = feed.compile(state, metrics, start)
+    size = data.padded_size(feed.batch_size, program.pad_to)
+    compiled.append(program.compile("evaluate", state, metrics,
+                                    program.shard(data.zero_batch(size, test_image))))
+    memory.check_fits(compiled, program.backend.local, feed.batch_size, program.pad_to,
+                      lambda b: memory.step_bytes(feed.compiled_for(state, metrics, b)))
+
+
 def on_device(split: data.Split) -> dict[str, np.ndarray]:
     """The split's images and labels with one all-zero example appended, which padding rows
     point at, so a gathered batch equals the one data.batches pads on the host."""
@@ -138,9 +152,10 @@ def zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
 
 
 def scanned(step: Callable) -> Callable:
-    """step(state, metrics, batch) as run(state, metrics, examples, call): call's steps, in
-    order, under one lax.scan, each batch gathered from examples (on_device's) by index."""
-    def run(state, metrics, examples, call):
+    """step(state, metrics, batch) as scanned_call(state, metrics, examples, call): call's
+    steps, in order, under one lax.scan, each batch gathered from examples (on_device's) by
+    index."""
+    def scanned_call(state, metrics, examples, call):
         def body(carry, xs):
             index, mask = xs
             batch = {"image": jnp.take(examples["image"], index, axis=0),
@@ -149,4 +164,4 @@ def scanned(step: Callable) -> Callable:
 
         (state, metrics), _ = lax.scan(body, (state, metrics), (call["index"].T, call["mask"].T))
         return state, metrics
-    return run
+    return scanned_call

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jax_dp import data as data_lib
-from jax_dp import assembly, dispatch, distributed, feeds, memory
+from jax_dp import assembly, dispatch, distributed, feeds
 from jax_dp.backends import Backend
 from jax_dp.checkpoint import Checkpointer
 from jax_dp.config import RunOptions, TrainConfig
@@ -90,7 +90,7 @@ def epoch_order(config: TrainConfig, key: jax.Array, epoch: int) -> np.ndarray:
 
 
 def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.Split,
-          run: RunOptions = RunOptions(), *, log: Callable[[str], None] = print,
+          run_options: RunOptions = RunOptions(), *, log: Callable[[str], None] = print,
           on_epoch: Callable[[dict], None] = lambda summary: None,
           on_step: Callable[[Position], None] = lambda position: None) -> dict:
     """Train config's model with SGD on config.devices devices, printing the book's lines.
@@ -98,8 +98,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     Args:
       config: what the run computes (model, backend, devices, batch size, lr, ...);
         train_data and test_data must hold config.train_examples and test_examples.
-      run: how the run is kept and watched (checkpoints, resume, watchdog, steps per call,
-        progress bar). A resume refuses a checkpoint of another config (a larger
+      run_options: how the run is kept and watched (checkpoints, resume, watchdog, steps
+        per call, progress bar). A resume refuses a checkpoint of another config (a larger
         config.epochs is allowed); a signal on an epoch's last step lets that epoch's
         evaluation finish first, then saves and raises Interrupted.
       log: where the config, compile time and per-epoch lines go.
@@ -114,7 +114,7 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
       host (replica 0)}.
     """
     _check_data(config, train_data, test_data)
-    steps_per_call = run.steps_per_call or feeds.default_steps_per_call()
+    steps_per_call = run_options.steps_per_call or feeds.default_steps_per_call()
     platform = jax.default_backend()
     log(assembly.described(config, platform))
     parts = assembly.assemble(config, get_devices(config.devices), platform, train_data,
@@ -124,21 +124,18 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
     state, metrics = program.place(init_state(parts.model, parts.tx,
                                               jax.random.split(key)[0]))
     position = Position(0, 0, 0, epoch_order(config, key, 0), key)
-    ckpt = Checkpointer(run.checkpoint_dir, config, backend) if run.checkpoint_dir else None
+    ckpt = (Checkpointer(run_options.checkpoint_dir, config, backend)
+            if run_options.checkpoint_dir else None)
     events = trace = None
     try:
-        if run.resume and (restored := ckpt.restore(state, metrics, position, log)) is not None:
+        if run_options.resume and (
+                restored := ckpt.restore(state, metrics, position, log)) is not None:
             state, metrics, position = restored
-            log(f"resuming from {run.checkpoint_dir} at epoch {position.epoch + 1}, "
+            log(f"resuming from {run_options.checkpoint_dir} at epoch {position.epoch + 1}, "
                 f"step {position.step}")
         per_epoch = parts.steps_per_epoch
         start_time = time.perf_counter()
-        compiled = feed.compile(state, metrics, position.step)
-        eval_batch = program.shard(data_lib.zero_batch(
-            data_lib.padded_size(config.batch_size, program.pad_to), test_data.images.shape[1:]))
-        compiled.append(program.compile("evaluate", state, metrics, eval_batch))
-        needs_at = lambda b: memory.step_bytes(feed.compiled_for(state, metrics, b))  # noqa: E731
-        memory.check_fits(compiled, backend.local, config.batch_size, program.pad_to, needs_at)
+        feeds.compile_run(feed, state, metrics, position.step, test_data.images.shape[1:])
         compile_s = time.perf_counter() - start_time
 
         def summary() -> dict:  # Reads position when called: the history so far.
@@ -147,15 +144,17 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
 
         log(f"compile {compile_s:.1f} sec on {config.devices} device(s)")
 
-        timeout_s = run.step_timeout and run.step_timeout * steps_per_call  # Per call.
+        timeout_s = run_options.step_timeout and (  # Per call.
+            run_options.step_timeout * steps_per_call)
         in_flight = dispatch.InFlight(timeout_s=timeout_s)
-        if run.logdir and distributed.is_primary():
-            events = Events(run.logdir, dataclasses.asdict(config))
-            trace = Trace(run.logdir, run.profile) if run.profile else None
+        if run_options.logdir and distributed.is_primary():
+            events = Events(run_options.logdir, dataclasses.asdict(config))
+            trace = Trace(run_options.logdir, run_options.profile) if run_options.profile else None
         lr = parts.learning_rate
         progress = Progress(log, epochs=config.epochs, per_epoch=per_epoch,
-                            global_batch=config.batch_size, bar=run.progress,
-                            log_every_s=run.log_every, report_every=run.scalars_every,
+                            global_batch=config.batch_size, bar=run_options.progress,
+                            log_every_s=run_options.log_every,
+                            report_every=run_options.scalars_every,
                             report=events and (lambda step, loss, acc, step_s: events.step(
                                 step, loss, acc, float(lr(step)), step_s)))
         # A lost process is named while signals are still only recorded: the launcher's SIGTERM
@@ -178,7 +177,8 @@ def train(config: TrainConfig, train_data: data_lib.Split, test_data: data_lib.S
                                          lambda: _running(backend, metrics))
                         on_step(position)
                         if position.step < per_epoch:  # An epoch's last step is saved at its end.
-                            due = _crossed(before, position.global_step, run.checkpoint_every)
+                            due = _crossed(before, position.global_step,
+                                           run_options.checkpoint_every)
                             _between_steps(backend, ckpt, state, metrics, position, stop, due=due,
                                            epoch_start=epoch_start)
                     in_flight.drain()

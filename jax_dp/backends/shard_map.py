@@ -18,11 +18,11 @@ class ShardMap(MeshBackend):
     name, axis_name = "shard_map", AXIS
 
     def wrap(self, fn, donate_argnums=()):
-        def run(*args):  # Every argument replicated but the last, the batch.
+        def sharded(*args):  # Every argument replicated but the last, the batch.
             specs = (P(),) * (len(args) - 1) + (P(AXIS),)
             # check_vma=False: the step's values are per device, as under pmap, and its own
             # psums make them replicated. With shard_map's typing on, the gradient of
             # replicated params would arrive summed already, and the psum would count it k times.
             return jax.shard_map(fn, mesh=self.mesh, in_specs=specs, out_specs=P(),
                                  check_vma=False)(*args)
-        return jax.jit(run, donate_argnums=donate_argnums)
+        return jax.jit(sharded, donate_argnums=donate_argnums)
