@@ -5,17 +5,13 @@ Both feeds compute the same numbers; the run loop sees only `epoch` and the feed
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from jax_dp import data, memory
-
-if TYPE_CHECKING:
-    from jax_dp.program import Program
+from jax_dp.program import Program
 
 # Steps per compiled call by platform. CPU, measured: 1, 10 and a whole epoch per call train
 # LeNet equally fast (docs/speed.md), so checkpoints and signals keep one-step granularity.
@@ -150,18 +146,3 @@ def zero_call(size: int, steps: int) -> dict[str, np.ndarray]:
     """A call of steps steps of size rows, all pointing at the first example."""
     return {"index": np.zeros((size, steps), np.int32), "mask": np.ones((size, steps), np.float32)}
 
-
-def scanned(step: Callable) -> Callable:
-    """step(state, metrics, batch) as scanned_call(state, metrics, examples, call): call's
-    steps, in order, under one lax.scan, each batch gathered from examples (on_device's) by
-    index."""
-    def scanned_call(state, metrics, examples, call):
-        def body(carry, xs):
-            index, mask = xs
-            batch = {"image": jnp.take(examples["image"], index, axis=0),
-                     "label": jnp.take(examples["label"], index, axis=0), "mask": mask}
-            return step(*carry, batch), None
-
-        (state, metrics), _ = lax.scan(body, (state, metrics), (call["index"].T, call["mask"].T))
-        return state, metrics
-    return scanned_call

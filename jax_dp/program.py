@@ -9,10 +9,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 
-from jax_dp import dispatch, feeds
+from jax_dp import dispatch
 from jax_dp.backends import Backend
 from jax_dp.step import Steps, TrainState, zero_metrics
+
 
 class Program:
     """steps (pure, per shard) wrapped for backend: state placed on its devices, each kind of
@@ -21,7 +24,7 @@ class Program:
 
     A step called before it is compiled ahead (`compile`) runs through the backend's own
     wrapper (jax.pmap, jax.jit), which compiles it on first use. Its kinds: "train" (one step
-    on a placed batch), "calls" (several under lax.scan, feeds.scanned) and "evaluate"; each
+    on a placed batch), "calls" (several under lax.scan, `scanned`) and "evaluate"; each
     takes (state, metrics, ..., its data last).
     """
 
@@ -32,7 +35,7 @@ class Program:
         wrap, donated = self.backend.wrap, (0,) if donate else ()
         # A donated state's buffers become the step's outputs: the state passed in is gone.
         self.wrapped = {"train": wrap(steps.train_step, donate_argnums=donated),
-                        "calls": wrap(feeds.scanned(steps.train_step), donate_argnums=donated)}
+                        "calls": wrap(scanned(steps.train_step), donate_argnums=donated)}
         if steps.eval_step is not None:
             self.wrapped["evaluate"] = wrap(steps.eval_step)
         self.compiled: dict[tuple, Callable] = {}  # (kind, data's shapes) -> compiled step.
@@ -85,6 +88,22 @@ class Program:
         if in_flight is None:
             waiting.drain()
         return state, metrics
+
+
+def scanned(step: Callable) -> Callable:
+    """step(state, metrics, batch) as scanned_call(state, metrics, examples, call): call's
+    steps, in order, under one lax.scan, each batch gathered from examples (feeds.on_device's)
+    by index."""
+    def scanned_call(state, metrics, examples, call):
+        def body(carry, xs):
+            index, mask = xs
+            batch = {"image": jnp.take(examples["image"], index, axis=0),
+                     "label": jnp.take(examples["label"], index, axis=0), "mask": mask}
+            return step(*carry, batch), None
+
+        (state, metrics), _ = lax.scan(body, (state, metrics), (call["index"].T, call["mask"].T))
+        return state, metrics
+    return scanned_call
 
 
 def _shapes(data: Any) -> tuple:
